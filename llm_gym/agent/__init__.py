@@ -1,0 +1,22 @@
+"""Agent-side helpers: chat formatting, the batched multi-turn rollout loop and episode records."""
+
+from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat, Conversation, system_message, turn_text
+from llm_gym.agent.records import EpisodeRecord, TurnRecord, read_records, write_records
+from llm_gym.agent.rollout import Policy, episode_metrics, group_seeds, make_env, rollout
+
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "ChatFormat",
+    "Conversation",
+    "EpisodeRecord",
+    "Policy",
+    "TurnRecord",
+    "episode_metrics",
+    "group_seeds",
+    "make_env",
+    "read_records",
+    "rollout",
+    "system_message",
+    "turn_text",
+    "write_records",
+]

@@ -1,0 +1,158 @@
+"""Chat formatting: turn an environment episode into the messages an LLM sees.
+
+Layout (RAGEN-2 style): the system message is a short assistant sentence followed by ``env.instructions``; every
+turn is one user message with the state, the budget left and the answer format, and the model's reply is the
+assistant message that follows. Optional extras: the previous turn's reward, a warning when the previous answer
+was invalid (using ``info["error"]``), and a window that keeps only the last ``k`` turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+DEFAULT_SYSTEM_PROMPT = "You're a helpful assistant."
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How episodes are shown to the model.
+
+    Attributes:
+        system_prompt: sentence opening the system message; ``env.instructions`` follows it.
+        include_instructions: append ``env.instructions`` to the system message.
+        history_window: keep only the last ``k`` turns in the context (``None`` = full history).
+        reward_feedback: show the previous turn's reward at the top of each turn.
+        show_budget: show the actions and turns left in each turn.
+        max_response_tokens: when set, the turn text asks the model to stay under this many tokens.
+    """
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    include_instructions: bool = True
+    history_window: int | None = None
+    reward_feedback: bool = False
+    show_budget: bool = True
+    max_response_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.history_window is not None and (
+            isinstance(self.history_window, bool)
+            or not isinstance(self.history_window, int)
+            or self.history_window < 1
+        ):
+            raise ValueError(
+                f"history_window must be a positive integer or None, got {self.history_window!r}"
+            )
+        if self.max_response_tokens is not None and self.max_response_tokens < 1:
+            raise ValueError(
+                f"max_response_tokens must be positive or None, got {self.max_response_tokens!r}"
+            )
+
+
+def _base(env: gym.Env) -> Any:
+    return getattr(env, "unwrapped", env)
+
+
+def system_message(env: gym.Env, fmt: ChatFormat | None = None) -> dict[str, str]:
+    """The system message: the assistant sentence plus the environment's instructions."""
+    fmt = fmt or ChatFormat()
+    parts = [fmt.system_prompt.strip()] if fmt.system_prompt else []
+    if fmt.include_instructions:
+        instructions = getattr(_base(env), "instructions", "")
+        if instructions:
+            parts.append(str(instructions).strip())
+    return {"role": "system", "content": "\n".join(parts)}
+
+
+def answer_format(env: gym.Env) -> str:
+    """The response shape the environment parses."""
+    think = getattr(_base(env), "think", True)
+    return "<think>...</think><answer>...</answer>" if think else "<answer>...</answer>"
+
+
+def turn_text(
+    env: gym.Env,
+    observation: str,
+    *,
+    turn: int,
+    fmt: ChatFormat | None = None,
+    prev_reward: float | None = None,
+    prev_info: dict[str, Any] | None = None,
+) -> str:
+    """The user message for turn ``turn`` (1-based), showing ``observation`` and the budget left.
+
+    ``prev_reward`` / ``prev_info`` describe the previous turn (``None`` on the first turn).
+    """
+    fmt = fmt or ChatFormat()
+    base = _base(env)
+    lines = [f"Turn {turn}:"]
+    if fmt.reward_feedback and prev_reward is not None:
+        lines.append(f"Reward of your last answer: {prev_reward:g}")
+    if prev_info is not None and not prev_info.get("action_is_valid", True):
+        error = prev_info.get("error") or "invalid answer"
+        lines.append(f"Warning: your last answer was invalid ({error}), so the state did not change.")
+    lines.append("State:")
+    lines.append(str(observation))
+    if fmt.show_budget:
+        budget = []
+        if getattr(base, "action_names", None) and hasattr(base, "actions_left"):
+            budget.append(f"{base.actions_left} actions")
+        if hasattr(base, "turns_left"):
+            budget.append(f"{base.turns_left} turns")
+        if budget:
+            lines.append(f"You have {' and '.join(budget)} left.")
+    hint = f"Always answer in the format {answer_format(env)} with no other text"
+    if fmt.max_response_tokens:
+        hint += f", in at most {fmt.max_response_tokens} tokens"
+    lines.append(hint + ".")
+    return "\n".join(lines)
+
+
+@dataclass
+class Conversation:
+    """One episode's chat: the system message and alternating user (state) / assistant (reply) turns."""
+
+    env: gym.Env
+    fmt: ChatFormat = field(default_factory=ChatFormat)
+    system: dict[str, str] = field(init=False)
+    users: list[str] = field(init=False, default_factory=list)
+    replies: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.system = system_message(self.env, self.fmt)
+
+    def add_observation(
+        self, observation: str, *, reward: float | None = None, info: dict[str, Any] | None = None
+    ) -> str:
+        """Start the next turn with ``observation``; ``reward``/``info`` are those of the previous step."""
+        if len(self.users) != len(self.replies):
+            raise ValueError("add_observation called twice without a reply in between")
+        text = turn_text(
+            self.env,
+            observation,
+            turn=len(self.users) + 1,
+            fmt=self.fmt,
+            prev_reward=reward if self.users else None,
+            prev_info=info if self.users else None,
+        )
+        self.users.append(text)
+        return text
+
+    def add_reply(self, text: str) -> None:
+        if len(self.users) != len(self.replies) + 1:
+            raise ValueError("add_reply called without a pending observation")
+        self.replies.append(str(text))
+
+    def messages(self, *, window: int | None = None) -> list[dict[str, str]]:
+        """The chat so far (system first), keeping the last ``window`` turns (default: ``fmt.history_window``)."""
+        window = self.fmt.history_window if window is None else window
+        turns = len(self.users)
+        first = 0 if window is None else max(0, turns - window)
+        msgs = [dict(self.system)]
+        for i in range(first, turns):
+            msgs.append({"role": "user", "content": self.users[i]})
+            if i < len(self.replies):
+                msgs.append({"role": "assistant", "content": self.replies[i]})
+        return msgs

@@ -1,0 +1,20 @@
+"""Core API shared by every llm-gym environment: the base class, text spaces, parsing and reward specs."""
+
+from llm_gym.core.env import TextEnv
+from llm_gym.core.parsing import ACTION_SEP, ParsedResponse, format_response, parse_response
+from llm_gym.core.rewards import FORMAT_PENALTY, RewardComponent, RewardSpec
+from llm_gym.core.spaces import BASE_CHARSET, AnyText, text_space
+
+__all__ = [
+    "ACTION_SEP",
+    "BASE_CHARSET",
+    "FORMAT_PENALTY",
+    "AnyText",
+    "ParsedResponse",
+    "RewardComponent",
+    "RewardSpec",
+    "TextEnv",
+    "format_response",
+    "parse_response",
+    "text_space",
+]

@@ -1,0 +1,286 @@
+"""``TextEnv``: the base class every llm-gym environment derives from.
+
+Subclasses implement the game through a handful of hooks (``_reset_game``, ``_apply_action``, ``_observation``,
+``_is_terminated``, ``_is_success``, ``_rules``); the base class owns parsing, the turn and action limits, the
+format penalty, the ``info`` contract and rendering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from llm_gym.core.parsing import ACTION_SEP, ParsedResponse, format_response, parse_response
+from llm_gym.core.rewards import FORMAT_PENALTY, RewardSpec
+from llm_gym.core.spaces import AnyText, text_space
+
+#: Longest action string covered by ``action_space`` (``step`` accepts longer text too).
+ACTION_MAX_LENGTH = 16384
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class for multi-turn text environments driven by raw LLM responses.
+
+    Each ``step`` takes the model's whole response, parses it (``<think>..</think><answer>a1 || a2</answer>``),
+    executes the actions in order, and returns the new state as text. A turn whose response is unparsable or
+    names an invalid action executes nothing, keeps the game state, and costs ``format_penalty``.
+
+    Common arguments:
+        render_mode: ``"ansi"``, ``"rgb_array"`` or ``"human"``.
+        rewards: overrides of reward component values, e.g. ``{"format_penalty": 0.0}``.
+        max_turns: responses per episode; the episode is truncated after this many.
+        max_actions_per_turn: actions kept from one response (extra ones are dropped and counted in ``info``).
+        max_actions: actions executed per episode; the episode is truncated when they are used up.
+        think: require a ``<think>`` block before the answer (``False``: answer-only mode).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
+
+    #: Game reward components; ``format_penalty`` is added by the base class.
+    game_reward_spec: ClassVar[RewardSpec] = RewardSpec(())
+    #: Discrete action vocabulary, matched case-insensitively; ``None`` for free-text answer environments.
+    action_names: ClassVar[tuple[str, ...] | None] = None
+    #: Separator between actions in one answer; ``None`` treats the whole answer as one action.
+    action_sep: ClassVar[str | None] = ACTION_SEP
+    #: Glyphs the observations may contain beyond printable ASCII and ``√``.
+    glyphs: ClassVar[str] = ""
+    #: Upper bound on observation length, in characters.
+    obs_max_length: ClassVar[int] = 4096
+    #: Answer environments set this: using up ``max_turns`` is a game rule ("no answers left"), so the episode
+    #: ends ``terminated`` rather than ``truncated`` (Gymnasium reserves truncation for time limits).
+    turn_limit_terminates: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        render_mode: str | None = None,
+        rewards: Mapping[str, float] | None = None,
+        max_turns: int = 5,
+        max_actions_per_turn: int = 2,
+        max_actions: int = 10,
+        think: bool = True,
+    ):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.render_mode = render_mode
+        self.reward_spec: RewardSpec = self.default_reward_spec().with_overrides(rewards)
+        self.max_turns = _positive_int("max_turns", max_turns)
+        self.max_actions_per_turn = _positive_int("max_actions_per_turn", max_actions_per_turn)
+        self.max_actions = _positive_int("max_actions", max_actions)
+        self.think = bool(think)
+        self.observation_space = self._make_observation_space()
+        self.action_space = AnyText(ACTION_MAX_LENGTH)
+        self._lookup = {n.lower(): n for n in self.action_names} if self.action_names else {}
+        self._turn = 0
+        self._actions_used = 0
+        self._episode_over = False
+        self._ended = (False, False)
+        self._has_reset = False
+        self._window = None
+
+    # ----------------------------------------------------------------------------------------------- API
+    @classmethod
+    def default_reward_spec(cls) -> RewardSpec:
+        """The reward components and their default values for this environment class."""
+        return cls.game_reward_spec.extend([FORMAT_PENALTY])
+
+    @property
+    def instructions(self) -> str:
+        """Everything an LLM needs to play: rules, symbols, actions and the answer format."""
+        lines = [self._rules().strip()]
+        if self.action_names:
+            lines.append(f"Valid actions: {', '.join(self.action_names)}.")
+        if self.action_sep and self.max_actions_per_turn > 1:
+            lines.append(
+                f"You may give up to {self.max_actions_per_turn} actions per turn, separated by "
+                f"'{self.action_sep.strip()}', and up to {self.max_actions} in the whole episode."
+            )
+        example = self.example_response()
+        if self.think:
+            lines.append(
+                "Answer in the format <think>your reasoning</think><answer>your answer</answer>, "
+                f"for example: {example}"
+            )
+        else:
+            lines.append(f"Answer in the format <answer>your answer</answer>, for example: {example}")
+        return "\n".join(line for line in lines if line)
+
+    def example_response(self) -> str:
+        """A well-formed response, used in instructions."""
+        if self.action_names:
+            acts = list(self.action_names[: min(2, self.max_actions_per_turn)])
+        else:
+            acts = ["..."]
+        return format_response(acts, "...", use_think=self.think, sep=self.action_sep or ACTION_SEP)
+
+    def sample_valid_action(self, rng: np.random.Generator | None = None) -> str:
+        """A random well-formed response naming valid actions (for smoke tests; does not touch ``np_random``)."""
+        rng = rng if rng is not None else np.random.default_rng()
+        if not self.action_names:
+            raise NotImplementedError(f"{type(self).__name__} has no discrete actions to sample")
+        k = int(rng.integers(1, self.max_actions_per_turn + 1))
+        acts = [self.action_names[int(i)] for i in rng.integers(0, len(self.action_names), size=k)]
+        return format_response(acts, "random", use_think=self.think, sep=self.action_sep or ACTION_SEP)
+
+    @property
+    def turn(self) -> int:
+        """Responses consumed in the current episode."""
+        return self._turn
+
+    @property
+    def actions_left(self) -> int:
+        return max(0, self.max_actions - self._actions_used)
+
+    @property
+    def turns_left(self) -> int:
+        return max(0, self.max_turns - self._turn)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
+        self._turn = 0
+        self._actions_used = 0
+        self._episode_over = False
+        self._ended = (False, False)
+        extra = self._reset_game(dict(options or {})) or {}
+        self._has_reset = True
+        info = self._info(valid=True, effective=False, executed=[], components=self.reward_spec.zeros())
+        info.update(extra)
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if not self._has_reset:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        components = self.reward_spec.zeros()
+        if self._episode_over:
+            info = self._info(valid=False, effective=False, executed=[], components=components)
+            info["error"] = "the episode is over; call reset()"
+            return self._observation(), 0.0, self._ended[0], self._ended[1], info
+        self._turn += 1
+        parsed = parse_response(
+            action, think=self.think, max_actions=self.max_actions_per_turn, sep=self.action_sep
+        )
+        executed: list[str] = []
+        effective = False
+        error = parsed.error
+        if error is None:
+            actions, error = self._parse_actions(parsed)
+            if error is None:
+                budget = self.max_actions - self._actions_used
+                for act in actions[:budget]:
+                    parts, moved = self._apply_action(act)
+                    for name, value in parts.items():
+                        components[name] += value
+                    executed.append(str(act))
+                    effective = effective or moved
+                    if self._is_terminated():
+                        break
+                self._actions_used += len(executed)
+        valid = error is None
+        if not valid:
+            components["format_penalty"] += self.reward_spec["format_penalty"]
+        reward = float(sum(components.values()))
+        out_of_turns = self._turn >= self.max_turns
+        terminated = bool(self._is_terminated()) or (self.turn_limit_terminates and out_of_turns)
+        truncated = (not terminated) and (out_of_turns or self._actions_used >= self.max_actions)
+        self._episode_over = terminated or truncated
+        self._ended = (terminated, truncated)
+        info = self._info(valid=valid, effective=effective, executed=executed, components=components)
+        info["error"] = error
+        info["dropped_actions"] = parsed.dropped
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), reward, terminated, truncated, info
+
+    def render(self):
+        if self.render_mode is None:
+            gym.logger.warn(
+                "render() called without a render_mode; pass render_mode='ansi', 'rgb_array' or 'human' to make()"
+            )
+            return None
+        if self.render_mode == "ansi":
+            return self._observation()
+        from llm_gym.render import render_frame, show_frame
+
+        frame = render_frame(self)
+        if self.render_mode == "rgb_array":
+            return frame
+        self._window = show_frame(frame, self._window, fps=self.metadata.get("render_fps", 4))
+        return None
+
+    def close(self):
+        if self._window is not None:
+            self._window.close()
+            self._window = None
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def _make_observation_space(self) -> gym.Space:
+        return text_space(self.obs_max_length, self.glyphs)
+
+    def _rules(self) -> str:
+        """The game rules and symbol legend (without the action format, which the base class adds)."""
+        raise NotImplementedError
+
+    def _reset_game(self, options: dict[str, Any]) -> dict[str, Any] | None:
+        """Build a new game from ``self.np_random`` (and ``options``); return extra ``info`` keys."""
+        raise NotImplementedError
+
+    def _parse_actions(self, parsed: ParsedResponse) -> tuple[list[Any], str | None]:
+        """Map answer parts to game actions; return ``(actions, None)`` or ``([], reason)``."""
+        if not self.action_names:
+            return [parsed.answer], None
+        actions = []
+        for part in parsed.actions:
+            name = self._lookup.get(part.lower())
+            if name is None:
+                shown = part if len(part) <= 40 else part[:37] + "..."
+                return [], f"invalid action {shown!r}; valid actions: {', '.join(self.action_names)}"
+            actions.append(name)
+        return actions, None
+
+    def _apply_action(self, action: Any) -> tuple[dict[str, float], bool]:
+        """Execute one action; return its reward components and whether it changed the state."""
+        raise NotImplementedError
+
+    def _observation(self) -> str:
+        raise NotImplementedError
+
+    def _is_terminated(self) -> bool:
+        raise NotImplementedError
+
+    def _is_success(self) -> bool:
+        raise NotImplementedError
+
+    def _extra_info(self) -> dict[str, Any]:
+        """Game-specific ``info`` keys added on every reset and step (must be deterministic)."""
+        return {}
+
+    # --------------------------------------------------------------------------------------- internals
+    def _info(self, *, valid: bool, effective: bool, executed: Sequence[str], components: dict) -> dict:
+        info = {
+            "success": bool(self._is_success()),
+            "action_is_valid": bool(valid),
+            "action_is_effective": bool(effective),
+            "actions": list(executed),
+            "reward_components": dict(components),
+            "turn": self._turn,
+            "actions_left": self.actions_left,
+            "error": None,
+            "dropped_actions": 0,
+        }
+        info.update(self._extra_info())
+        return info

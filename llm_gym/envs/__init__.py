@@ -1,0 +1,1 @@
+"""Environment implementations; import them through ``gymnasium.make`` ids (see ``llm_gym.registration``)."""

@@ -1,0 +1,174 @@
+"""A two-armed symbolic bandit for LLM agents (RAGEN's "Bi-arm" bandit)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from llm_gym.core import ParsedResponse, RewardSpec, TextEnv, format_response
+
+#: (low-risk, high-risk) name pairs from RAGEN-2: the name hints at the arm's risk profile.
+TRAIN_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Teacher", "Trader"),
+    ("Nurse", "StartupFounder"),
+    ("Librarian", "Investor"),
+    ("Accountant", "StockBroker"),
+    ("Engineer", "RealEstateAgent"),
+    ("Pharmacist", "Musician"),
+    ("Clerk", "Freelancer"),
+    ("Technician", "Youtuber"),
+    ("Planner", "Artist"),
+    ("Postman", "Pilot"),
+    ("Banker", "VentureCapitalist"),
+    ("Gardener", "Cryptominer"),
+)
+TEST_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Receptionist", "Explorer"),
+    ("Archivist", "Filmmaker"),
+    ("Bookkeeper", "Consultant"),
+    ("SocialWorker", "Photographer"),
+    ("Mechanic", "GameDesigner"),
+    ("Secretary", "Entrepreneur"),
+    ("Cashier", "DataScientist"),
+    ("CivilServant", "StartupAccelerator"),
+)
+SPLITS = {"train": TRAIN_PAIRS, "test": TEST_PAIRS}
+
+
+class BanditEnv(TextEnv):
+    """Pick one of two arms whose names hint at their risk.
+
+    ## Description
+    RAGEN's two-armed symbolic bandit. Each episode draws a (low-risk, high-risk) name pair from the ``split``
+    list and shows the two names in a random order. The low-risk arm always pays ``low_risk``; the high-risk arm
+    pays ``high_risk`` with probability ``high_risk_prob`` (default 0.25, so 0.25 expected against 0.1), else 0.
+    Choosing the high-risk arm is the success criterion: it has the higher expected payoff.
+
+    ## Action
+    One arm name (case-insensitive) as the answer. Anything else is invalid and costs ``format_penalty``.
+
+    ## Observation
+    The task text naming the two arms; after the pull, ``"<arm>: <reward> points"``.
+
+    ## Rewards
+    ``low_risk`` 0.1 for the low-risk arm; ``high_risk`` 1.0 when the high-risk arm pays out; ``format_penalty``
+    -0.1 for an invalid answer.
+
+    ## Episode end
+    Terminated after one valid pull, or when ``max_turns`` (1) answers are used up without a valid pull.
+
+    ## Arguments
+    ``split`` ``"train"`` (12 pairs) or ``"test"`` (8 held-out pairs), ``arm_pairs`` (custom pairs, overrides
+    ``split``), ``high_risk_prob`` (0.25), and the common ``TextEnv`` arguments (``max_turns`` defaults to 1).
+
+    ## Version history
+    * v0: initial version (RAGEN-2 name lists; low-risk payout 0.1 as in RAGEN's code, not the v1 paper's 0.15).
+    """
+
+    game_reward_spec = RewardSpec.of(
+        ("low_risk", 0.1, "payout of the low-risk arm (always paid)"),
+        ("high_risk", 1.0, "payout of the high-risk arm (paid with probability high_risk_prob)"),
+    )
+    action_sep = None
+    turn_limit_terminates = True
+
+    def __init__(
+        self,
+        *,
+        split: str = "train",
+        arm_pairs: Sequence[Sequence[str]] | None = None,
+        high_risk_prob: float = 0.25,
+        max_turns: int = 1,
+        max_actions_per_turn: int = 1,
+        max_actions: int = 1,
+        **kwargs: Any,
+    ):
+        if arm_pairs is None:
+            if split not in SPLITS:
+                raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+            pairs = SPLITS[split]
+        else:
+            pairs = tuple(tuple(str(n) for n in p) for p in arm_pairs)
+            if not pairs or any(len(p) != 2 or p[0].lower() == p[1].lower() for p in pairs):
+                raise ValueError("arm_pairs must be a non-empty list of (low_risk, high_risk) pairs of distinct names")
+        if not 0.0 <= float(high_risk_prob) <= 1.0:
+            raise ValueError(f"high_risk_prob must be in [0, 1], got {high_risk_prob!r}")
+        self.split = split
+        self.arm_pairs = pairs
+        self.high_risk_prob = float(high_risk_prob)
+        super().__init__(
+            max_turns=max_turns, max_actions_per_turn=max_actions_per_turn, max_actions=max_actions, **kwargs
+        )
+        self.low_arm = self.high_arm = ""
+        self.arms: tuple[str, str] = ("", "")
+        self.chosen: str | None = None
+        self.payout = 0.0
+        self._last_answer = ""
+
+    def _rules(self) -> str:
+        return (
+            "You are playing a two-armed bandit. Each arm has a name, and its reward distribution is related to "
+            "what the name suggests. Think about what each name means and pull the arm you expect to pay more. "
+            "Answer with the arm's name."
+        )
+
+    def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
+        low, high = self.arm_pairs[int(self.np_random.integers(len(self.arm_pairs)))]
+        self.low_arm, self.high_arm = low, high
+        self.arms = (low, high) if self.np_random.random() < 0.5 else (high, low)
+        self.chosen = None
+        self.payout = 0.0
+        self._last_answer = ""
+        return {"arms": list(self.arms)}
+
+    def _parse_actions(self, parsed: ParsedResponse) -> tuple[list[Any], str | None]:
+        self._last_answer = parsed.answer
+        answer = parsed.answer.strip().strip(".!\"'`*").strip()
+        for arm in self.arms:
+            if answer.lower() == arm.lower():
+                return [arm], None
+        shown = answer if len(answer) <= 40 else answer[:37] + "..."
+        return [], f"invalid arm {shown!r}; answer with one of: {', '.join(self.arms)}"
+
+    def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
+        self.chosen = action
+        if action == self.low_arm:
+            self.payout = self.reward_spec["low_risk"]
+            return {"low_risk": self.payout}, True
+        paid = self.np_random.random() < self.high_risk_prob
+        self.payout = self.reward_spec["high_risk"] if paid else 0.0
+        return {"high_risk": self.payout}, True
+
+    def _observation(self) -> str:
+        if self.chosen is not None:
+            return f"{self.chosen}: {self.payout:g} points"
+        return f"The two arms are: {self.arms[0]} and {self.arms[1]}. Which arm do you pull?"
+
+    def _is_terminated(self) -> bool:
+        return self.chosen is not None
+
+    def _is_success(self) -> bool:
+        return self.chosen is not None and self.chosen == self.high_arm
+
+    def _extra_info(self) -> dict[str, Any]:
+        return {"chosen_arm": self.chosen, "high_risk_arm": self.high_arm}
+
+    def example_response(self) -> str:
+        return format_response(["ArmName"], "...", use_think=self.think)
+
+    def sample_valid_action(self, rng: np.random.Generator | None = None) -> str:
+        rng = rng if rng is not None else np.random.default_rng()
+        arm = self.arms[int(rng.integers(2))] if self.arms[0] else "?"
+        return format_response([arm], "random", use_think=self.think)
+
+    def card(self) -> dict[str, str]:
+        verdict = ""
+        if self.chosen is not None:
+            kind = "high-risk" if self.chosen == self.high_arm else "low-risk"
+            verdict = f"{kind} arm, {self.payout:g} points"
+        elif self._last_answer:
+            verdict = "invalid answer"
+        question = f"Two arms: {self.arms[0]} and {self.arms[1]}. Which arm do you pull?"
+        return {"title": "Bandit", "question": question, "answer": self._last_answer, "verdict": verdict}

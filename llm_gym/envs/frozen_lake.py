@@ -1,0 +1,226 @@
+"""FrozenLake as a text game for LLM agents (RAGEN's variant of Gymnasium's FrozenLake)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from llm_gym.core import RewardSpec, TextEnv
+
+# Gymnasium's action order: 0 Left, 1 Down, 2 Right, 3 Up.
+ACTIONS = ("Left", "Down", "Right", "Up")
+_DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))
+_INDEX = {name: i for i, name in enumerate(ACTIONS)}
+
+
+def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 200) -> list[str]:
+    """A ``size x size`` map of ``S F H G`` rows: frozen with probability ``p``, random distinct start and goal,
+    and a path from start to goal. After ``max_tries`` failed draws a path is carved from the same stream, so
+    generation always ends."""
+    n = size * size
+    cells: list[str] = []
+    start = goal = 0
+    for _ in range(max_tries):
+        cells = ["F" if f else "H" for f in (rng.random(n) < p).tolist()]
+        start, goal = int(rng.integers(n)), int(rng.integers(n - 1))
+        goal += goal >= start  # uniform over cells other than the start
+        cells[start], cells[goal] = "S", "G"
+        if _has_path(cells, size):
+            break
+    else:
+        # Carve an L-shaped path of frozen cells from S to G (rare: only for tiny p).
+        (r, c), (gr, gc) = divmod(start, size), divmod(goal, size)
+        while (r, c) != (gr, gc):
+            if r != gr:
+                r += 1 if gr > r else -1
+            else:
+                c += 1 if gc > c else -1
+            if cells[r * size + c] == "H":
+                cells[r * size + c] = "F"
+    return ["".join(cells[r * size : (r + 1) * size]) for r in range(size)]
+
+
+def _has_path(cells: Sequence[str], size: int) -> bool:
+    """Whether a flat row-major board has a hole-free 4-connected path from ``S`` to a ``G``."""
+    start = cells.index("S")
+    stack, seen = [start], {start}
+    while stack:
+        i = stack.pop()
+        if cells[i] == "G":
+            return True
+        r, c = divmod(i, size)
+        for j, ok in ((i - 1, c > 0), (i + 1, c < size - 1), (i - size, r > 0), (i + size, r < size - 1)):
+            if ok and j not in seen and cells[j] != "H":
+                seen.add(j)
+                stack.append(j)
+    return False
+
+
+def _validate_map(rows: Sequence[str]) -> list[str]:
+    rows = [str(r) for r in rows]
+    if not rows or any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError("map must be a non-empty list of equal-length rows")
+    text = "".join(rows)
+    bad = sorted(set(text) - set("SFHG"))
+    if bad:
+        raise ValueError(f"map may only contain S, F, H, G; found {bad}")
+    if text.count("S") != 1 or text.count("G") < 1:
+        raise ValueError("map needs exactly one S and at least one G")
+    return rows
+
+
+class FrozenLakeEnv(TextEnv):
+    """Cross a frozen lake from the start to the goal without falling into a hole.
+
+    ## Description
+    RAGEN's text FrozenLake: a random ``size x size`` map where each cell is frozen with probability ``p``
+    (otherwise a hole), a random start and goal that differ, and a guaranteed path. Moves may slip: the intended
+    direction is taken with probability ``success_rate`` and each perpendicular direction with
+    ``(1 - success_rate) / 2`` (Gymnasium's semantics). Walking into the border leaves the player in place.
+
+    ## Action
+    ``Left``, ``Down``, ``Right``, ``Up`` (case-insensitive), several per turn separated by ``||``.
+
+    ## Observation
+    ``grid`` (default): rows of ``P`` player, ``_`` frozen (the start is shown as frozen), ``O`` hole, ``G`` goal,
+    ``X`` player in a hole, ``√`` player on the goal. ``grid_coord``: a coordinate block, then the grid.
+
+    ## Rewards
+    ``goal`` +1 when the goal is reached; ``hole`` (0) when falling in; ``step`` (0) per executed action;
+    ``format_penalty`` -0.1 per invalid turn.
+
+    ## Episode end
+    Terminated on the goal (success) or in a hole; truncated after ``max_turns`` turns or ``max_actions``
+    executed actions.
+
+    ## Arguments
+    ``size`` (4), ``p`` frozen probability (0.9), ``success_rate`` (0.8), ``observation_format``
+    (``"grid"`` or ``"grid_coord"``), and the common ``TextEnv`` arguments. ``reset(options={"map": rows})``
+    plays a given map of ``S F H G`` rows.
+
+    ## Version history
+    * v0: initial version.
+    """
+
+    game_reward_spec = RewardSpec.of(
+        ("goal", 1.0, "reaching the goal"),
+        ("hole", 0.0, "falling into a hole"),
+        ("step", 0.0, "every executed action"),
+    )
+    action_names = ACTIONS
+
+    def __init__(
+        self,
+        *,
+        size: int = 4,
+        p: float = 0.9,
+        success_rate: float = 0.8,
+        observation_format: str = "grid",
+        **kwargs: Any,
+    ):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+            raise ValueError(f"size must be an integer >= 2, got {size!r}")
+        if not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"p (frozen probability) must be in (0, 1], got {p!r}")
+        if not 0.0 <= float(success_rate) <= 1.0:
+            raise ValueError(f"success_rate must be in [0, 1], got {success_rate!r}")
+        if observation_format not in ("grid", "grid_coord"):
+            raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
+        self.size, self.p, self.success_rate = size, float(p), float(success_rate)
+        self.observation_format = observation_format
+        super().__init__(**kwargs)
+        self.desc: list[str] = []
+        self._rows: list[str] = []
+        self.player = (0, 0)
+        self._obs: str | None = None
+
+    def _rules(self) -> str:
+        slip = (
+            "Moves always go where you intend."
+            if self.success_rate >= 1.0
+            else f"The ice is slippery: a move goes the intended way with probability {self.success_rate:.2f}, "
+            "otherwise sideways."
+        )
+        return (
+            "You are walking on a frozen lake. Reach the goal without falling into a hole. "
+            f"{slip}\nSymbols: P player, _ frozen ice, O hole, G goal, X player in a hole, √ player on the goal."
+        )
+
+    def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
+        if "map" in options:
+            self.desc = _validate_map(options["map"])
+        else:
+            self.desc = generate_map(self.np_random, self.size, self.p)
+        start = "".join(self.desc).index("S")
+        self.player = divmod(start, len(self.desc[0]))
+        self._obs = None
+        self._rows = ["".join("O" if ch == "H" else "G" if ch == "G" else "_" for ch in row) for row in self.desc]
+        return {"map": list(self.desc)}
+
+    def _cell(self, pos: tuple[int, int]) -> str:
+        return self.desc[pos[0]][pos[1]]
+
+    def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
+        a = _INDEX[action]
+        if self.success_rate < 1.0:
+            u = self.np_random.random()
+            side = (1.0 - self.success_rate) / 2
+            if u < side:
+                a = (a - 1) % 4
+            elif u >= side + self.success_rate:
+                a = (a + 1) % 4
+        dr, dc = _DELTAS[a]
+        r, c = self.player
+        nr = min(max(r + dr, 0), len(self.desc) - 1)
+        nc = min(max(c + dc, 0), len(self.desc[0]) - 1)
+        moved = (nr, nc) != self.player
+        self.player = (nr, nc)
+        self._obs = None
+        cell = self._cell(self.player)
+        spec = self.reward_spec
+        parts = {"step": spec["step"]}
+        if cell == "G":
+            parts["goal"] = spec["goal"]
+        elif cell == "H":
+            parts["hole"] = spec["hole"]
+        return parts, moved
+
+    def _is_terminated(self) -> bool:
+        return bool(self.desc) and self._cell(self.player) in "GH"
+
+    def _is_success(self) -> bool:
+        return bool(self.desc) and self._cell(self.player) == "G"
+
+    def _grid(self) -> str:
+        rows = list(self._rows)  # static cells, rendered once per reset
+        pr, pc = self.player
+        mark = {"H": "X", "G": "√"}.get(self.desc[pr][pc], "P")
+        rows[pr] = rows[pr][:pc] + mark + rows[pr][pc + 1 :]
+        return "\n".join(rows)
+
+    def _observation(self) -> str:
+        if self._obs is None:
+            grid = self._grid()
+            if self.observation_format == "grid":
+                self._obs = grid
+            else:
+                self._obs = self._coords() + "\nGrid Map:\n" + grid
+        return self._obs
+
+    def _coords(self) -> str:
+        def where(ch: str) -> list[tuple[int, int]]:
+            return [(r, c) for r, row in enumerate(self.desc) for c, x in enumerate(row) if x == ch]
+
+        n_rows, n_cols = len(self.desc), len(self.desc[0])
+        cell = self._cell(self.player)
+        label = {"G": "Player on goal", "H": "Player in hole"}.get(cell, "Player")
+        holes = ", ".join(f"({r}, {c})" for r, c in where("H")) or "none"
+        return (
+            f"Coordinates:\nBoard: {n_rows} rows x {n_cols} cols (zero-indexed, (row, col))\n"
+            f"Start: {where('S')[0]}\nGoal: {where('G')[0]}\n{label}: {self.player}\nHoles: {holes}"
+        )
+
+    def _extra_info(self) -> dict[str, Any]:
+        return {"player": self.player}

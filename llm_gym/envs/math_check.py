@@ -1,0 +1,249 @@
+"""Answer extraction and equivalence for math word problems (MetaMathQA).
+
+:func:`is_equivalent` decides whether a predicted answer matches the gold one:
+
+* ``strict=True``: RAGEN's rule, equality after lowercasing and deleting all whitespace (:func:`normalize_strict`).
+* default: the same normalisation after unwrapping ``\\boxed{}``, ``$...$``, ``\\(...\\)``, ``\\text{}``,
+  ``\\left``/``\\right``, a leading "The answer is" and a trailing period; then, when the gold answer is a number,
+  exact numeric equality (``0.5`` = ``1/2`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``3.0`` = ``3``), where the
+  prediction may carry words or units around one lone number ("12 dollars", "x = 12"); then element-wise
+  comparison of bracketed tuples such as ``(1, \\frac{1}{2})``.
+
+Numbers are compared exactly as fractions (parsed by :mod:`llm_gym.envs.arith`, never ``eval``). Every step is
+linear in the input, and inputs are capped, so checking never hangs and never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from llm_gym.envs.arith import evaluate
+
+#: Longest prediction examined (its tail is kept: the final answer comes last).
+MAX_INPUT = 2000
+#: Longest text in which a lone number is looked for among words and units.
+MAX_LONE_TEXT = 200
+
+_ANSWER_IS = re.compile(r"the\s+(?:final\s+)?answer\s+is", re.IGNORECASE)
+_WRAPPER_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_FRAC = re.compile(r"\\frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_FRAC_SHORT = re.compile(r"\\frac\s*([0-9])\s*([0-9])")
+_SIMPLE = re.compile(r"-?(?:[0-9][0-9,]*(?:\.[0-9]*)?|\.[0-9]+)")
+_THOUSANDS = re.compile(r"(?<![0-9,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])")
+_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:/-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))?")
+_SPACED_DIGITS = re.compile(r"[0-9.]\s+[0-9.]")
+_TOKEN_IN_TEXT = re.compile(
+    r"-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)(?:\s*/\s*-?[0-9][0-9,]*(?:\.[0-9]+)?)?"
+)
+_WORD = re.compile(r"[a-z]+")
+# Words that make "a lone number among words" unsafe to read as the answer.
+_HEDGES = frozenset(
+    {"not", "no", "or", "between", "except", "neither", "nor", "never", "approximately", "about"}
+)
+_FORBIDDEN_AROUND = set("()[]{}^_*+/\\<>|&#@~`;\"'!?")
+_REPLACEMENTS = (
+    ("\\dfrac", "\\frac"),
+    ("\\tfrac", "\\frac"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("\\!", ""),
+    ("\\,", ""),
+    ("\\;", ""),
+    ("\\:", ""),
+    ("\\ ", " "),
+    ("\\$", "$"),
+    ("\\%", "%"),
+    ("^{\\circ}", ""),
+    ("^\\circ", ""),
+    ("\\circ", ""),
+    ("°", ""),
+    ("\\(", ""),
+    ("\\)", ""),
+    ("\\[", ""),
+    ("\\]", ""),
+    ("$", ""),
+    ("\u2212", "-"),  # unicode minus sign
+    ("\u00a0", " "),
+)
+
+
+def _last_answer_marker(text: str) -> re.Match | None:
+    matches = list(_ANSWER_IS.finditer(text))
+    return matches[-1] if matches else None
+
+
+def extract_gold(response: str) -> str | None:
+    """The text after the last "The answer is:" in a MetaMathQA ``response`` (``None`` when absent)."""
+    if not isinstance(response, str):
+        return None
+    found = _last_answer_marker(response)
+    if found is None:
+        return None
+    return response[found.end() :].lstrip(" :").strip()
+
+
+def normalize_strict(text: str) -> str:
+    """RAGEN's normalisation: lowercase, all whitespace removed."""
+    return "".join(str(text).lower().split())
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; ``None`` if there is none."""
+    start, cmd = max((text.rfind(c), c) for c in ("\\boxed", "\\fbox"))
+    if start < 0:
+        return None
+    i = start + len(cmd)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def clean_answer(text: str) -> str:
+    """Unwrap the presentation around an answer: "The answer is", ``\\boxed``, ``$``, ``\\text{}`` and friends."""
+    text = str(text)[-MAX_INPUT:].strip()
+    found = _last_answer_marker(text)
+    if found is not None:
+        text = text[found.end() :].lstrip(" :")
+    boxed = last_boxed(text)
+    if boxed is not None:
+        text = boxed
+    for old, new in _REPLACEMENTS:
+        text = text.replace(old, new)
+    text = _WRAPPER_CMD.sub(lambda m: m.group(1), text)
+    text = text.strip()
+    while text.endswith((".", "。")) and not text[:-1].endswith("."):
+        text = text[:-1].rstrip()
+    return text
+
+
+def _canon(text: str) -> str:
+    return normalize_strict(text)
+
+
+def _simplify_fracs(text: str) -> str:
+    """``\\frac{a}{b}`` -> ``a/b`` when both parts are plain numbers (otherwise left for string comparison)."""
+    text = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", text)
+
+    def repl(m: re.Match) -> str:
+        a, b = m.group(1).strip(), m.group(2).strip()
+        if _SIMPLE.fullmatch(a) and _SIMPLE.fullmatch(b):
+            return f"{a}/{b}"
+        return m.group(0)
+
+    return _FRAC.sub(repl, text)
+
+
+def to_number(text: str) -> Fraction | None:
+    """The exact value of a cleaned answer that is a plain number (``-3``, ``0.5``, ``1,000``, ``1/2``,
+    ``\\frac{1}{2}``, ``50%`` read as 50), else ``None``."""
+    text = _simplify_fracs(text.strip())
+    if text.endswith("%"):
+        text = text[:-1].rstrip()
+    if len(text) > 200 or _SPACED_DIGITS.search(text):
+        return None
+    text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)
+    text = "".join(text.split())
+    if not _NUMBER.fullmatch(text):
+        return None
+    result = evaluate(text, allow_decimals=True, max_digits=60, max_depth=4)
+    return result.value if result.ok else None
+
+
+def lone_number(text: str) -> Fraction | None:
+    """The value of the single number in a short text of words and units ("12 dollars", "x = -3"), or ``None``
+    when there is not exactly one, when it touches letters ("2x"), when brackets, operators or LaTeX surround it,
+    or when hedging words ("not", "or", "approximately") make the reading unsafe."""
+    text = _simplify_fracs(text)
+    if len(text) > MAX_LONE_TEXT:
+        return None
+    matches = list(_TOKEN_IN_TEXT.finditer(text))
+    if len(matches) != 1:
+        return None
+    m = matches[0]
+    before, after = text[: m.start()], text[m.end() :]
+    if before[-1:].isalpha() or after[:1].isalpha() or before[-1:] in (".", ",") or after[:1] == ",":
+        return None
+    rest = before + " " + after
+    if any(ch.isdigit() or ch.isnumeric() or ch in _FORBIDDEN_AROUND for ch in rest):
+        return None
+    if rest.count("=") > 1 or "=" in after or "-" in rest:
+        return None
+    if _HEDGES.intersection(_WORD.findall(rest.lower())):
+        return None
+    return to_number(m.group(0))
+
+
+def _split_top_level(text: str) -> list[str] | None:
+    depth, parts, start = 0, [], 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        return None
+    parts.append(text[start:])
+    return parts
+
+
+def _tuple_equivalent(pred: str, gold: str, depth: int) -> bool:
+    if depth > 2 or len(pred) < 2 or len(gold) < 2:
+        return False
+    pairs = {"(": ")", "[": "]", "\\{": "\\}"}
+    for open_, close in pairs.items():
+        if (
+            gold.startswith(open_)
+            and gold.endswith(close)
+            and pred.startswith(open_)
+            and pred.endswith(close)
+        ):
+            gp = _split_top_level(gold[len(open_) : -len(close)])
+            pp = _split_top_level(pred[len(open_) : -len(close)])
+            if gp is None or pp is None or len(gp) != len(pp) or len(gp) < 2:
+                return False
+            return all(_equivalent(p.strip(), g.strip(), depth + 1) for p, g in zip(pp, gp))
+    return False
+
+
+def _equivalent(pred: str, gold: str, depth: int = 0) -> bool:
+    if _canon(pred) == _canon(gold):
+        return True
+    gv = to_number(gold)
+    if gv is None:
+        gv = lone_number(gold)
+    if gv is not None:
+        pv = to_number(pred)
+        if pv is None:
+            pv = lone_number(pred)
+        return pv is not None and pv == gv
+    return _tuple_equivalent(pred, gold, depth)
+
+
+def is_equivalent(pred: str, gold: str, *, strict: bool = False) -> bool:
+    """Whether the predicted answer matches the gold answer (see the module docstring); never raises."""
+    if not isinstance(pred, str) or not isinstance(gold, str):
+        return False
+    if normalize_strict(pred) == normalize_strict(gold):
+        return True
+    if strict:
+        return False
+    pred, gold = clean_answer(pred), clean_answer(gold)
+    if not pred or not gold:
+        return False
+    return _equivalent(pred, gold)

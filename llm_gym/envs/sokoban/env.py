@@ -1,0 +1,340 @@
+"""Sokoban as a multi-turn text game for LLM agents (RAGEN's Sokoban rules, symbols and rewards)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from llm_gym.core import RewardSpec, TextEnv
+from llm_gym.envs.sokoban.generator import GeneratorConfig, generate_level
+from llm_gym.envs.sokoban.level import Cell, SokobanLevel, format_xsb, load_levels, parse_level
+from llm_gym.envs.sokoban.solver import ACTIONS, DELTAS, solve
+
+#: Symbol roles, in RAGEN's cell-code order (0 wall ... 6 player on target).
+ROLES: tuple[str, ...] = ("wall", "empty", "target", "box_on_target", "box", "player", "player_on_target")
+#: RAGEN's grid symbols.
+DEFAULT_VOCAB: dict[str, str] = dict(zip(ROLES, ("#", "_", "O", "√", "X", "P", "S")))
+#: RAGEN's "different grid vocabulary" test symbols.
+REMAPPED_VOCAB: dict[str, str] = dict(zip(ROLES, ("W", ".", "G", "C", "B", "A", "@")))
+_ROLE_TEXT = {
+    "wall": "wall",
+    "empty": "empty floor",
+    "target": "target",
+    "box_on_target": "box on a target",
+    "box": "box",
+    "player": "player",
+    "player_on_target": "player on a target",
+}
+_DELTA = dict(zip(ACTIONS, DELTAS))
+
+
+def _resolve_vocab(vocab: str | Mapping[str, str]) -> dict[str, str]:
+    if isinstance(vocab, str):
+        if vocab in ("default", "ragen"):
+            return dict(DEFAULT_VOCAB)
+        if vocab == "remapped":
+            return dict(REMAPPED_VOCAB)
+        raise ValueError(f"vocab must be 'default', 'remapped' or a mapping of {ROLES}, got {vocab!r}")
+    if not isinstance(vocab, Mapping) or set(vocab) != set(ROLES):
+        raise ValueError(f"a custom vocab must map exactly these roles to symbols: {', '.join(ROLES)}")
+    out = {role: vocab[role] for role in ROLES}
+    for role, sym in out.items():
+        if not isinstance(sym, str) or len(sym) != 1 or sym in "\n\r\t" or not sym.isprintable():
+            raise ValueError(f"vocab symbol for {role!r} must be one printable character, got {sym!r}")
+    if len(set(out.values())) != len(ROLES):
+        raise ValueError(f"vocab symbols must be distinct, got {out}")
+    return out
+
+
+def _cells(cells) -> str:
+    return ", ".join(f"({r}, {c})" for r, c in sorted(cells)) or "none"
+
+
+class SokobanEnv(TextEnv):
+    """Push every box onto a target in a small warehouse.
+
+    ## Description
+    RAGEN's text Sokoban. Levels are generated from the env's seed (a random-walk room, goals, then a backward
+    search from the solved position), so each is solvable and ``info["optimal_length"]`` gives its optimal
+    solution length in moves. Levels can also come from an XSB file (``level_file``) or be given at reset
+    (``options={"level": xsb_text}``).
+
+    ## Action
+    ``Up``, ``Down``, ``Left``, ``Right`` (case-insensitive), several per turn separated by ``||``. The player
+    moves one cell; walking into a box pushes it when the cell beyond is floor or a target, otherwise nothing
+    moves (the move is blocked, still costs a step, and is not *effective*). Boxes cannot be pulled.
+
+    ## Observation
+    ``grid`` (default): rows of ``#`` wall, ``_`` empty, ``O`` target, ``X`` box, ``√`` box on target, ``P``
+    player, ``S`` player on target. ``vocab="remapped"`` uses ``W . G B C A @`` for the same roles (wall,
+    empty, target, box, box on target, player, player on target). ``grid_coord``: a coordinate block (board
+    size, targets, boxes, boxes on target, player), then ``Grid Map:`` and the grid.
+
+    ## Rewards
+    ``step`` -0.1 per executed action; ``box_on_target`` +1 when a box is pushed onto a target;
+    ``box_off_target`` -1 when one is pushed off; ``solved`` +10 when all boxes are on targets;
+    ``format_penalty`` -0.1 per invalid turn. Override with ``rewards={...}``.
+
+    ## Episode end
+    Terminated (success) when every box is on a target; truncated after ``max_turns`` turns or ``max_actions``
+    executed actions.
+
+    ## Arguments
+    ``dim_room`` ((6, 6)), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
+    episode's ``max_actions``, so every generated level can be solved in the budget), ``observation_format``
+    (``"grid"`` / ``"grid_coord"``), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
+    ``level_file`` (``None``, ``"sample"`` or an XSB path; the level is picked by seed or
+    ``options={"level_index": i}``), ``solver_max_states`` (200000; state budget for solving file/given levels
+    at reset), ``generator`` (a :class:`GeneratorConfig` overriding the generation knobs), and the common
+    ``TextEnv`` arguments (``max_turns`` 5, ``max_actions_per_turn`` 2, ``max_actions`` 10).
+    ``reset(options={"level": text_or_SokobanLevel})`` plays that level.
+
+    ``info`` at reset adds ``optimal_length`` (moves; ``None`` if the solver gave up or the level is
+    unsolvable), ``solver_status``, ``level`` (XSB text), ``level_source`` (``generated`` / ``file`` /
+    ``options``) and ``level_index`` (file levels). Every ``info`` has ``player`` and ``boxes_on_target``.
+
+    ## Version history
+    * v0: initial version.
+    """
+
+    game_reward_spec = RewardSpec.of(
+        ("step", -0.1, "every executed action (blocked moves included)"),
+        ("box_on_target", 1.0, "a box is pushed onto a target"),
+        ("box_off_target", -1.0, "a box is pushed off a target"),
+        ("solved", 10.0, "the move that puts the last box on a target"),
+    )
+    action_names = ACTIONS
+
+    def __init__(
+        self,
+        *,
+        dim_room: tuple[int, int] = (6, 6),
+        num_boxes: int = 1,
+        min_optimal_length: int = 2,
+        max_optimal_length: int | None = None,
+        observation_format: str = "grid",
+        vocab: str | Mapping[str, str] = "default",
+        level_file: str | None = None,
+        solver_max_states: int = 200_000,
+        generator: GeneratorConfig | None = None,
+        **kwargs: Any,
+    ):
+        if observation_format not in ("grid", "grid_coord"):
+            raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
+        if (
+            isinstance(solver_max_states, bool)
+            or not isinstance(solver_max_states, int)
+            or solver_max_states < 0
+        ):
+            raise ValueError(f"solver_max_states must be a non-negative integer, got {solver_max_states!r}")
+        self.observation_format = observation_format
+        self.vocab = _resolve_vocab(vocab)
+        self.glyphs = "".join(self.vocab.values())
+        self.solver_max_states = solver_max_states
+        self.level_file = None if level_file is None else str(level_file)
+        self.levels: list[SokobanLevel] = load_levels(level_file) if level_file is not None else []
+        needed = max((self._obs_bound(lv) for lv in self.levels), default=0)
+        self.obs_max_length = max(type(self).obs_max_length, needed)
+        super().__init__(**kwargs)
+        if generator is None:
+            generator = GeneratorConfig(
+                dim_room=tuple(dim_room),
+                num_boxes=num_boxes,
+                min_optimal_length=min_optimal_length,
+                max_optimal_length=self.max_actions if max_optimal_length is None else max_optimal_length,
+            )
+        elif not isinstance(generator, GeneratorConfig):
+            raise ValueError(f"generator must be a GeneratorConfig, got {type(generator).__name__}")
+        self.generator = generator
+        self._solutions: dict[int, tuple[str, int | None]] = {}
+        self._level: SokobanLevel | None = None
+        self._boxes: set[Cell] = set()
+        self._player: Cell = (0, 0)
+        self._obs: str | None = None
+
+    # ------------------------------------------------------------------------------------- public state
+    @property
+    def level(self) -> SokobanLevel | None:
+        """The level as it was at reset (``None`` before the first reset)."""
+        return self._level
+
+    @property
+    def walls(self) -> frozenset[Cell]:
+        return self._level.walls if self._level else frozenset()
+
+    @property
+    def targets(self) -> frozenset[Cell]:
+        return self._level.goals if self._level else frozenset()
+
+    @property
+    def boxes(self) -> frozenset[Cell]:
+        return frozenset(self._boxes)
+
+    @property
+    def player(self) -> Cell:
+        return self._player
+
+    def current_level(self) -> SokobanLevel:
+        """The current position as a :class:`SokobanLevel` (e.g. for :func:`solve`)."""
+        if self._level is None:
+            raise ValueError("call reset() first")
+        return self._level.with_state(self._boxes, self._player)
+
+    def board(self) -> list[str]:
+        """The current position as XSB rows (``#`` wall, `` `` floor, ``.`` goal, ``$`` box, ``*`` box on goal,
+        ``@`` player, ``+`` player on goal)."""
+        if self._level is None:
+            return []
+        return format_xsb(self.current_level()).split("\n")
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def _rules(self) -> str:
+        v = self.vocab
+        legend = ", ".join(f"{v[role]} {_ROLE_TEXT[role]}" for role in ROLES)
+        coords = (
+            " Coordinates are (row, column), zero-indexed from the top-left corner."
+            if self.observation_format == "grid_coord"
+            else ""
+        )
+        return (
+            "You are solving the Sokoban puzzle. You are the player; push every box onto a target. "
+            "Moving into a box pushes it one cell if the cell beyond is empty floor or a target; you cannot "
+            "pull boxes, and a box cannot be pushed into a wall or another box.\n"
+            f"Symbols: {legend}.{coords}\n"
+            f"Rewards: {self.reward_spec['step']:g} per move, {self.reward_spec['box_on_target']:+g} for a box "
+            f"pushed onto a target, {self.reward_spec['box_off_target']:+g} for a box pushed off one, "
+            f"{self.reward_spec['solved']:+g} when all boxes are on targets."
+        )
+
+    def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        if "level" in options:
+            level = options["level"]
+            if isinstance(level, str):
+                level = parse_level(level, source="options['level']")
+            elif not isinstance(level, SokobanLevel):
+                raise ValueError(
+                    f"options['level'] must be XSB text or a SokobanLevel, got {type(level).__name__}"
+                )
+            status, length = self._solve(level)
+            info["level_source"] = "options"
+        elif self.levels:
+            index = options.get("level_index")
+            if index is None:
+                index = int(self.np_random.integers(len(self.levels)))
+            elif (
+                isinstance(index, bool)
+                or not isinstance(index, (int, np.integer))
+                or not (0 <= index < len(self.levels))
+            ):
+                raise ValueError(f"level_index must be an integer in [0, {len(self.levels)}), got {index!r}")
+            index = int(index)
+            level = self.levels[index]
+            if index not in self._solutions:
+                self._solutions[index] = self._solve(level)
+            status, length = self._solutions[index]
+            info["level_source"] = "file"
+            info["level_index"] = index
+        else:
+            if "level_index" in options:
+                raise ValueError("options['level_index'] needs a file-backed env (level_file=...)")
+            generated = generate_level(self.np_random, self.generator)
+            level, status, length = generated.level, "solved", generated.optimal_length
+            info["level_source"] = "generated"
+        if level.is_solved:
+            raise ValueError("the level is already solved (every box is on a goal)")
+        if self._obs_bound(level) > self.obs_max_length:
+            raise ValueError(
+                f"the level ({level.height}x{level.width}, {level.num_boxes} boxes) is too large for this env's "
+                f"observation space ({self.obs_max_length} characters)"
+            )
+        self._level = level
+        self._boxes = set(level.boxes)
+        self._player = level.player
+        self._obs = None
+        info.update(optimal_length=length, solver_status=status, level=format_xsb(level))
+        return info
+
+    def _solve(self, level: SokobanLevel) -> tuple[str, int | None]:
+        result = solve(level, max_states=self.solver_max_states)
+        return result.status, result.length
+
+    def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
+        spec = self.reward_spec
+        goals = self._level.goals
+        before = len(self._boxes & goals)
+        dr, dc = _DELTA[action]
+        r, c = self._player
+        nxt = (r + dr, c + dc)
+        moved = False
+        if nxt not in self._level.walls:
+            if nxt in self._boxes:
+                beyond = (r + 2 * dr, c + 2 * dc)
+                if beyond not in self._level.walls and beyond not in self._boxes:
+                    self._boxes.remove(nxt)
+                    self._boxes.add(beyond)
+                    self._player, moved = nxt, True
+            else:
+                self._player, moved = nxt, True
+        self._obs = None
+        after = len(self._boxes & goals)
+        parts = {"step": spec["step"]}
+        if after > before:
+            parts["box_on_target"] = spec["box_on_target"] * (after - before)
+        elif after < before:
+            parts["box_off_target"] = spec["box_off_target"] * (before - after)
+        if after == len(goals) and before < after:
+            parts["solved"] = spec["solved"]
+        return parts, moved
+
+    def _is_terminated(self) -> bool:
+        return self._level is not None and self._boxes == self._level.goals
+
+    def _is_success(self) -> bool:
+        return self._is_terminated()
+
+    def _extra_info(self) -> dict[str, Any]:
+        goals = self._level.goals if self._level else frozenset()
+        return {"player": self._player, "boxes_on_target": len(self._boxes & goals)}
+
+    # ------------------------------------------------------------------------------------- observation
+    def _grid(self) -> str:
+        level, v = self._level, self.vocab
+        grid = [[v["empty"]] * level.width for _ in range(level.height)]
+        for r, c in level.walls:
+            grid[r][c] = v["wall"]
+        for r, c in level.goals:
+            grid[r][c] = v["target"]
+        for r, c in self._boxes:
+            grid[r][c] = v["box_on_target"] if (r, c) in level.goals else v["box"]
+        pr, pc = self._player
+        grid[pr][pc] = v["player_on_target"] if self._player in level.goals else v["player"]
+        return "\n".join("".join(row) for row in grid)
+
+    def _coords(self) -> str:
+        level = self._level
+        goals = level.goals
+        on = self._player in goals
+        return (
+            f"Coordinates:\nBoard: {level.height} rows x {level.width} cols (zero-indexed, (row, col))\n"
+            f"Targets: {_cells(goals)}\nBoxes: {_cells(self._boxes - goals)}\n"
+            f"Boxes on target: {_cells(self._boxes & goals)}\n"
+            f"{'Player on target' if on else 'Player'}: ({self._player[0]}, {self._player[1]})"
+        )
+
+    def _observation(self) -> str:
+        if self._level is None:
+            return ""
+        if self._obs is None:
+            grid = self._grid()
+            self._obs = grid if self.observation_format == "grid" else f"{self._coords()}\nGrid Map:\n{grid}"
+        return self._obs
+
+    def _obs_bound(self, level: SokobanLevel) -> int:
+        """An upper bound on the observation length for ``level`` in this env's format."""
+        grid = level.height * (level.width + 1)
+        if self.observation_format == "grid":
+            return grid
+        return grid + 200 + 16 * (2 * len(level.goals) + 1)

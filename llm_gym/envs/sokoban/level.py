@@ -1,0 +1,272 @@
+"""Sokoban levels: the immutable level record and XSB text parsing/formatting.
+
+XSB notation: ``#`` wall, ``@`` player, ``+`` player on goal, ``$`` box, ``*`` box on goal, ``.`` goal, space
+floor (``-`` and ``_`` are accepted as floor too). A collection file holds several levels separated by blank
+lines; a line starting with ``;`` is a comment and the last comment before a level names it (Boxoban's ``; N``).
+
+Normalisation: rows may be ragged (they are padded on the right). Cells the player cannot reach (the outside of
+the level and sealed-off pockets) become walls, so ``format_xsb(parse_level(t))`` may differ from ``t`` in those
+cells only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Cell = tuple[int, int]
+
+#: XSB characters accepted on a board line.
+XSB_CHARS = "#@+$*. -_"
+_FLOOR = " -_"
+
+
+@dataclass(frozen=True)
+class SokobanLevel:
+    """A Sokoban position: the fixed room (walls, goals) and the movable parts (boxes, player).
+
+    Coordinates are ``(row, col)``, zero-indexed from the top-left. The player's region must be enclosed by walls
+    inside the ``height x width`` rectangle, and there must be as many boxes as goals (at least one).
+    """
+
+    height: int
+    width: int
+    walls: frozenset[Cell]
+    goals: frozenset[Cell]
+    boxes: frozenset[Cell]
+    player: Cell
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for attr in ("walls", "goals", "boxes"):
+            value = getattr(self, attr)
+            if not isinstance(value, frozenset):
+                object.__setattr__(self, attr, frozenset(tuple(c) for c in value))
+        object.__setattr__(self, "player", (int(self.player[0]), int(self.player[1])))
+        problem = _structural_problem(self)
+        if problem:
+            raise ValueError(f"invalid Sokoban level: {problem}")
+
+    @property
+    def num_boxes(self) -> int:
+        return len(self.boxes)
+
+    @property
+    def is_solved(self) -> bool:
+        return self.boxes == self.goals
+
+    def rows(self) -> list[str]:
+        """The level as XSB rows (see :func:`format_xsb`)."""
+        return format_xsb(self).split("\n")
+
+    def with_state(self, boxes, player: Cell) -> SokobanLevel:
+        """The same room with other box and player positions."""
+        return SokobanLevel(
+            self.height, self.width, self.walls, self.goals, frozenset(boxes), player, self.name
+        )
+
+
+def _in_bounds(level: SokobanLevel, cell: Cell) -> bool:
+    return 0 <= cell[0] < level.height and 0 <= cell[1] < level.width
+
+
+def _structural_problem(level: SokobanLevel) -> str | None:
+    """Why ``level`` is not a playable position, or ``None``."""
+    if level.height < 3 or level.width < 3:
+        return f"the board must be at least 3x3, got {level.height}x{level.width}"
+    for what, cells in (("wall", level.walls), ("goal", level.goals), ("box", level.boxes)):
+        for cell in cells:
+            if not _in_bounds(level, cell):
+                return f"{what} {cell} is outside the {level.height}x{level.width} board"
+    if not _in_bounds(level, level.player):
+        return f"player {level.player} is outside the {level.height}x{level.width} board"
+    if not level.boxes:
+        return "the level has no boxes"
+    if len(level.boxes) != len(level.goals):
+        return f"the level has {len(level.boxes)} boxes but {len(level.goals)} goals"
+    if level.player in level.walls:
+        return f"player {level.player} is on a wall"
+    if level.player in level.boxes:
+        return f"player {level.player} is on a box"
+    for what, cells in (("goal", level.goals), ("box", level.boxes)):
+        for cell in sorted(cells & level.walls):
+            return f"{what} {cell} is on a wall"
+    region = player_region(level.height, level.width, level.walls, level.player)
+    if region is None:
+        return "the player's area is not enclosed by walls"
+    for what, cells in (("box", level.boxes), ("goal", level.goals)):
+        for cell in sorted(cells - region):
+            return f"{what} {cell} is not reachable from the player"
+    return None
+
+
+def player_region(
+    height: int, width: int, walls: frozenset[Cell] | set[Cell], start: Cell
+) -> set[Cell] | None:
+    """Cells reachable from ``start`` through non-wall cells (boxes count as floor), or ``None`` if that area
+    touches the edge of the board (the level is open)."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        r, c = stack.pop()
+        if r in (0, height - 1) or c in (0, width - 1):
+            return None
+        for nb in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if nb not in seen and nb not in walls:
+                seen.add(nb)
+                stack.append(nb)
+    return seen
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+def _where(source: str, line: int, col: int | None = None) -> str:
+    at = f"line {line}" if col is None else f"line {line}, column {col}"
+    return f"{source}: {at}" if source else at
+
+
+def _parse_block(lines: list[str], first_line: int, source: str = "", name: str = "") -> SokobanLevel:
+    """One level from its board lines; ``first_line`` is the 1-based line number of ``lines[0]``."""
+    height = len(lines)
+    width = max(len(line) for line in lines)
+    walls: set[Cell] = set()
+    goals: set[Cell] = set()
+    boxes: set[Cell] = set()
+    player: Cell | None = None
+    for r, line in enumerate(lines):
+        for c, ch in enumerate(line):
+            if ch not in XSB_CHARS:
+                raise ValueError(
+                    f"{_where(source, first_line + r, c + 1)}: unknown character {ch!r}; XSB levels use "
+                    "# wall, @ player, + player on goal, $ box, * box on goal, . goal, and space, - or _ floor"
+                )
+            if ch == "#":
+                walls.add((r, c))
+            if ch in ".+*":
+                goals.add((r, c))
+            if ch in "$*":
+                boxes.add((r, c))
+            if ch in "@+":
+                if player is not None:
+                    raise ValueError(
+                        f"{_where(source, first_line + r, c + 1)}: second player; a level has exactly one @ or +"
+                        f" (the first is at line {first_line + player[0]}, column {player[1] + 1})"
+                    )
+                player = (r, c)
+    block = f"{source}: lines" if source else "lines"
+    block += f" {first_line}-{first_line + height - 1}"
+    if player is None:
+        raise ValueError(f"{block}: the level has no player (@ or +)")
+    if not boxes:
+        raise ValueError(f"{block}: the level has no boxes ($ or *)")
+    if len(boxes) != len(goals):
+        raise ValueError(f"{block}: the level has {len(boxes)} boxes but {len(goals)} goals")
+    # Pad ragged rows with outside cells (treated as floor until proven unreachable).
+    region = player_region(height, width, walls, player)
+    if region is None:
+        raise ValueError(
+            f"{_where(source, first_line + player[0], player[1] + 1)}: the player's area is not enclosed by walls"
+        )
+    for what, cells in (("box", boxes), ("goal", goals)):
+        for r, c in sorted(cells - region):
+            raise ValueError(
+                f"{_where(source, first_line + r, c + 1)}: {what} is not reachable from the player"
+            )
+    all_cells = {(r, c) for r in range(height) for c in range(width)}
+    return SokobanLevel(
+        height, width, frozenset(all_cells - region), frozenset(goals), frozenset(boxes), player, name
+    )
+
+
+def _board_lines(text: str) -> list[str]:
+    return [line.rstrip("\r\n") for line in text.replace("\r\n", "\n").split("\n")]
+
+
+def _is_metadata(line: str) -> bool:
+    """``Title: ...``-style lines of XSB collections (skipped); board lines never start with a letter."""
+    stripped = line.strip()
+    return bool(stripped) and stripped[0].isalpha() and ":" in stripped
+
+
+def parse_level(text: str, *, source: str = "") -> SokobanLevel:
+    """Parse one XSB level from ``text`` (leading/trailing blank and ``;`` comment lines are ignored).
+
+    Raises ``ValueError`` naming the line (and column) of the problem: unknown character, second player, no
+    player, no boxes, boxes != goals, an area open to the edge, or a box/goal the player cannot reach.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"level text must be a str, got {type(text).__name__}")
+    levels = parse_levels(text, source=source)
+    if len(levels) != 1:
+        raise ValueError(f"{source + ': ' if source else ''}expected one level, found {len(levels)}")
+    return levels[0]
+
+
+def parse_levels(text: str, *, source: str = "") -> list[SokobanLevel]:
+    """Parse every level of an XSB collection (levels separated by blank or ``;`` comment lines).
+
+    The last ``;`` comment before a level becomes its ``name`` (``"; 12"`` -> ``"12"``). Lines such as
+    ``Title: ...`` are skipped. A collection without any level is an error.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"level text must be a str, got {type(text).__name__}")
+    levels: list[SokobanLevel] = []
+    block: list[str] = []
+    start = 0
+    name = ""
+    pending = ""
+    for i, line in enumerate([*_board_lines(text), ""], start=1):
+        comment = line.lstrip().startswith(";")
+        if not line.strip() or comment or _is_metadata(line):
+            if block:
+                levels.append(_parse_block(block, start, source, name))
+                block = []
+            if comment:
+                pending = line.lstrip()[1:].strip()
+            continue
+        if not block:
+            start, name, pending = i, pending, ""
+        block.append(line)
+    if not levels:
+        raise ValueError(f"{source + ': ' if source else ''}no level found in the text")
+    return levels
+
+
+def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
+    """Every level of an XSB file; ``"sample"`` loads the bundled sample collection."""
+    path = sample_path() if str(path) == "sample" else Path(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read level file {str(path)!r}: {e.strerror or e}") from None
+    return parse_levels(text, source=Path(path).name)
+
+
+def sample_path() -> Path:
+    """Path of the bundled sample collection ``llm_gym/assets/sokoban/sample.xsb``."""
+    return Path(__file__).resolve().parents[2] / "assets" / "sokoban" / "sample.xsb"
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def format_xsb(level: SokobanLevel) -> str:
+    """The level as XSB text (rows joined by newlines, no trailing newline)."""
+    grid = [[" "] * level.width for _ in range(level.height)]
+    for r, c in level.walls:
+        grid[r][c] = "#"
+    for r, c in level.goals:
+        grid[r][c] = "."
+    for r, c in level.boxes:
+        grid[r][c] = "*" if (r, c) in level.goals else "$"
+    pr, pc = level.player
+    grid[pr][pc] = "+" if level.player in level.goals else "@"
+    return "\n".join("".join(row) for row in grid)
+
+
+def format_collection(levels: list[SokobanLevel], *, header: str = "") -> str:
+    """A Boxoban-style collection: optional ``;`` header lines, then ``; N`` and the board for each level."""
+    out = [f"; {line}".rstrip() for line in header.splitlines()]
+    if out:
+        out.append("")
+    for i, level in enumerate(levels):
+        out += [f"; {level.name or i}", format_xsb(level), ""]
+    return "\n".join(out)

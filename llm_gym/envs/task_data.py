@@ -1,0 +1,121 @@
+"""Load task records for dataset-backed environments (Countdown data mode, MetaMathQA).
+
+A source is either a local file (``.json``: a list of objects; ``.jsonl``: one object per line; ``.parquet``) or
+a Hugging Face dataset id loaded with ``datasets.load_dataset`` (imported lazily: ``llm_gym`` itself needs only
+gymnasium and numpy). Loaded sources are cached per process, so many env instances share one copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: File suffixes read as local files.
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+_CACHE: dict[tuple[str, str], Any] = {}
+_LOCK = threading.Lock()
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A hub dataset could not be loaded (no network and not cached, or ``datasets`` missing)."""
+
+
+def is_local_source(source: str | os.PathLike) -> bool:
+    """Whether ``source`` names a local file rather than a hub dataset id."""
+    text = os.fspath(source)
+    return text.lower().endswith(LOCAL_SUFFIXES) or os.path.isfile(text)
+
+
+def _read_local(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ValueError(f"dataset file not found: {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise ValueError("reading .parquet files needs pyarrow: pip install pyarrow") from e
+        return pq.read_table(path).to_pylist()
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".jsonl":
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        return rows
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON ({e.msg})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
+    return data
+
+
+def _load_hub(name: str, split: str, hint: str) -> Any:
+    try:
+        import datasets
+    except ImportError as e:
+        raise DatasetUnavailableError(
+            f"loading the hub dataset {name!r} needs the `datasets` package (pip install datasets). {hint}"
+        ) from e
+    try:
+        return datasets.load_dataset(name, split=split)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types (ConnectionError, FileNotFoundError, ...)
+        raise DatasetUnavailableError(
+            f"could not load the dataset {name!r} (split {split!r}): {type(e).__name__}: {e}. "
+            f"It is not cached and the hub is unreachable (or HF_DATASETS_OFFLINE=1). {hint}"
+        ) from e
+
+
+def load_records(
+    source: str | os.PathLike, *, split: str = "train", fields: Sequence[str], hint: str = ""
+) -> Sequence[dict[str, Any]]:
+    """The records of ``source`` (a local file or a hub id), cached per process.
+
+    Each record must have every name in ``fields``; the result supports ``len()`` and integer indexing.
+    Raises ``ValueError`` for a bad file and :class:`DatasetUnavailableError` when a hub dataset cannot be
+    loaded; ``hint`` is appended to the latter (how to get by offline).
+    """
+    local = is_local_source(source)
+    key = (str(Path(source).resolve()) if local else os.fspath(source), split)
+    with _LOCK:
+        data = _CACHE.get(key)
+        if data is None:
+            data = _read_local(Path(source)) if local else _load_hub(os.fspath(source), split, hint)
+            _check_fields(data, fields, os.fspath(source))
+            _CACHE[key] = data
+    return data
+
+
+def _check_fields(data: Any, fields: Sequence[str], name: str) -> None:
+    if len(data) == 0:
+        raise ValueError(f"dataset {name!r} has no records")
+    columns = getattr(data, "column_names", None)
+    if columns is not None:
+        missing = [f for f in fields if f not in columns]
+        if missing:
+            raise ValueError(f"dataset {name!r} lacks the field(s) {missing}; it has {list(columns)}")
+        return
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise ValueError(f"dataset {name!r}: record {i} is not an object")
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise ValueError(f"dataset {name!r}: record {i} lacks the field(s) {missing}")
+
+
+def clear_cache() -> None:
+    """Forget every loaded source (tests, or to reload a file that changed)."""
+    with _LOCK:
+        _CACHE.clear()

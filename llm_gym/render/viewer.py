@@ -1,0 +1,306 @@
+"""``llmgym view``: step through recorded episodes, the board beside the model's reasoning, actions and reward.
+
+The viewer is a small state machine (:class:`ViewerState`, driven by key names or pygame events) and a pure draw
+function (:func:`draw_viewer`, state -> Surface), so both run without a window; :func:`run_viewer` only wires
+them to a display.
+
+Keys: left/right step a turn, space plays or pauses, up/down (or p/n) change episode, home/end jump to the first
+or last turn, PgUp/PgDn and the mouse wheel scroll the reasoning, q or Esc quits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from llm_gym.agent.records import EpisodeRecord
+from llm_gym.render.panel import draw_caption, turn_view
+from llm_gym.render.text import blit_lines, ellipsize, font, wrap_text
+from llm_gym.render.theme import CARD_SIZE, COLORS
+
+VIEWER_SIZE = (1100, 640)
+HELP = "left/right: step   space: play/pause   up/down or p/n: episode   wheel, PgUp/PgDn: scroll   q: quit"
+_BAR_H = 30
+_SCROLL_PAGE = 10
+_WHEEL_LINES = 3
+
+
+@dataclass
+class EpisodeFrames:
+    """An episode ready to show: one board frame per state, and what went wrong rebuilding it, if anything."""
+
+    frames: list[np.ndarray]
+    problem: str | None = None
+
+
+def load_episode(record: EpisodeRecord) -> EpisodeFrames:
+    """Replay ``record`` into frames; when the env cannot be made, show the recorded observations as text."""
+    from llm_gym.render.card import draw_text_card
+    from llm_gym.render.replay import replay_episode
+    from llm_gym.render.scene import to_array
+
+    try:
+        replay = replay_episode(record)
+    except Exception as e:  # any env failure must not take the viewer down: fall back to the recorded text
+        observations = [record.initial_observation] + [t.observation for t in record.turns]
+        frames = [
+            to_array(draw_text_card(o, f"recorded (turn {i})", CARD_SIZE)) for i, o in enumerate(observations)
+        ]
+        return EpisodeFrames(frames, f"cannot replay ({type(e).__name__}): {e}")
+    problem = None if replay.mismatch is None else f"replay mismatch at {replay.mismatch}"
+    return EpisodeFrames(replay.frames, problem)
+
+
+class ViewerState:
+    """Which episode and state are shown, play/pause, and the reasoning scroll position.
+
+    ``turn`` is the state index ``0..n``: state ``i < n`` is the board the model saw before turn ``i + 1``,
+    shown with that turn's reasoning, actions and reward; state ``n`` is the final board and the outcome.
+
+    ``handle_key`` takes key names (``"left"``, ``"right"``, ``"space"``, ``"up"``, ``"down"``, ``"n"``,
+    ``"p"``, ``"home"``, ``"end"``, ``"pageup"``, ``"pagedown"``, ``"q"``, ``"escape"``); unknown names are
+    ignored. ``tick(dt)`` advances one turn every ``1 / fps`` seconds while playing. ``version`` increases on
+    every visible change, so a window redraws only when needed.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[EpisodeRecord],
+        *,
+        fps: float = 2.0,
+        episode: int = 0,
+        loader: Callable[[EpisodeRecord], EpisodeFrames] = load_episode,
+    ):
+        if not records:
+            raise ValueError("no episodes to view")
+        if not fps > 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        if not 0 <= episode < len(records):
+            raise ValueError(f"episode index must be in [0, {len(records) - 1}], got {episode}")
+        self.records = list(records)
+        self.fps = float(fps)
+        self.episode = episode
+        self.turn = 0
+        self.playing = False
+        self.scroll = 0
+        self.max_scroll = 0
+        self.running = True
+        self.version = 0
+        self._loader = loader
+        self._loaded: dict[int, EpisodeFrames] = {}
+        self._clock = 0.0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def record(self) -> EpisodeRecord:
+        return self.records[self.episode]
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.record.turns)
+
+    def episode_frames(self) -> EpisodeFrames:
+        """The current episode's frames (replayed on first use, then cached)."""
+        if self.episode not in self._loaded:
+            self._loaded[self.episode] = self._loader(self.record)
+        return self._loaded[self.episode]
+
+    # ------------------------------------------------------------------ transitions
+    def _changed(self) -> None:
+        self.version += 1
+
+    def _go_turn(self, turn: int) -> None:
+        turn = min(max(0, turn), self.n_turns)
+        if turn != self.turn:
+            self.turn = turn
+            self.scroll = 0
+            self.max_scroll = 0
+            self._changed()
+
+    def _go_episode(self, episode: int) -> None:
+        episode = min(max(0, episode), len(self.records) - 1)
+        if episode != self.episode:
+            self.episode = episode
+            self.turn = 0
+            self.scroll = 0
+            self.max_scroll = 0
+            self.playing = False
+            self._clock = 0.0
+            self._changed()
+
+    def scroll_by(self, lines: int) -> None:
+        new = min(max(0, self.scroll + lines), self.max_scroll)
+        if new != self.scroll:
+            self.scroll = new
+            self._changed()
+
+    def set_scroll_limit(self, max_scroll: int) -> None:
+        """Called by the draw function once it knows how many reasoning lines are hidden."""
+        self.max_scroll = max(0, int(max_scroll))
+        self.scroll = min(self.scroll, self.max_scroll)
+
+    def handle_key(self, key: str) -> None:
+        key = key.lower()
+        if key in ("q", "escape"):
+            self.running = False
+        elif key == "right":
+            self.playing = False
+            self._go_turn(self.turn + 1)
+        elif key == "left":
+            self.playing = False
+            self._go_turn(self.turn - 1)
+        elif key == "space":
+            if not self.playing and self.turn >= self.n_turns:
+                self._go_turn(0)  # play again from the start
+            self.playing = not self.playing
+            self._clock = 0.0
+            self._changed()
+        elif key in ("down", "n"):
+            self._go_episode(self.episode + 1)
+        elif key in ("up", "p"):
+            self._go_episode(self.episode - 1)
+        elif key == "home":
+            self._go_turn(0)
+        elif key == "end":
+            self._go_turn(self.n_turns)
+        elif key == "pagedown":
+            self.scroll_by(_SCROLL_PAGE)
+        elif key == "pageup":
+            self.scroll_by(-_SCROLL_PAGE)
+
+    def handle_event(self, event) -> None:
+        """Apply a pygame event (key press, mouse wheel, window close)."""
+        from llm_gym.render import require_pygame
+
+        pygame = require_pygame()
+        if event.type == pygame.QUIT:
+            self.running = False
+        elif event.type == pygame.KEYDOWN:
+            self.handle_key(_key_names().get(event.key) or pygame.key.name(event.key))
+        elif event.type == pygame.MOUSEWHEEL:
+            self.scroll_by(-event.y * _WHEEL_LINES)
+
+    def tick(self, dt: float) -> None:
+        """Advance time by ``dt`` seconds; while playing, one turn per ``1 / fps`` seconds, pausing at the end."""
+        if not self.playing:
+            return
+        self._clock += max(0.0, dt)
+        period = 1.0 / self.fps
+        while self._clock >= period and self.playing:
+            self._clock -= period
+            if self.turn >= self.n_turns:
+                self.playing = False
+                self._changed()
+            else:
+                self._go_turn(self.turn + 1)
+                if self.turn >= self.n_turns:
+                    self.playing = False
+
+
+@lru_cache(maxsize=1)
+def _key_names() -> dict[int, str]:
+    """pygame key codes -> the names :meth:`ViewerState.handle_key` takes (pygame's own names have spaces)."""
+    import pygame
+
+    return {
+        pygame.K_LEFT: "left",
+        pygame.K_RIGHT: "right",
+        pygame.K_UP: "up",
+        pygame.K_DOWN: "down",
+        pygame.K_SPACE: "space",
+        pygame.K_ESCAPE: "escape",
+        pygame.K_PAGEUP: "pageup",
+        pygame.K_PAGEDOWN: "pagedown",
+        pygame.K_HOME: "home",
+        pygame.K_END: "end",
+    }
+
+
+def draw_viewer(state: ViewerState, size: tuple[int, int] = VIEWER_SIZE):
+    """The whole viewer screen for ``state`` as a Surface (no display needed); updates the scroll limit."""
+    from llm_gym.render import require_pygame
+    from llm_gym.render.scene import from_array
+
+    pg = require_pygame()
+    w, h = size
+    if w < 400 or h < 240:
+        raise ValueError(f"viewer size {size} is too small (at least 400x240)")
+    surf = pg.Surface(size)
+    surf.fill(COLORS["background"])
+    rec = state.record
+    data = state.episode_frames()
+    # Top bar: episode summary.
+    pg.draw.rect(surf, COLORS["title_bar"], (0, 0, w, _BAR_H))
+    f = font(18)
+    seed = "none" if rec.seed is None else rec.seed
+    result = "solved" if rec.success else "not solved"
+    top = (
+        f"Episode {state.episode + 1}/{len(state.records)}   {rec.env_id}   seed {seed}   "
+        f"{len(rec.turns)} turns   total reward {rec.total_reward:+.2f}   {result}"
+        + ("   [playing]" if state.playing else "")
+    )
+    blit_lines(surf, ellipsize(wrap_text(top, f, w - 20), 1, f, w - 20), f, (10, 8), COLORS["title_text"])
+    y0 = _BAR_H
+    if data.problem:
+        lines = ellipsize(wrap_text(data.problem, f, w - 20), 2, f, w - 20)
+        pg.draw.rect(surf, COLORS["highlight"], (0, y0, w, 8 + f.get_linesize() * len(lines)))
+        y0 = blit_lines(surf, lines, f, (10, y0 + 4), COLORS["warning"]) + 4
+    bottom = h - _BAR_H
+    # Left: the board, scaled down only if it does not fit.
+    frame = data.frames[min(state.turn, len(data.frames) - 1)]
+    board = from_array(frame)
+    area_w, area_h = int(w * 0.45), bottom - y0 - 20
+    bw, bh = board.get_size()
+    scale = min(1.0, area_w / bw, area_h / bh)
+    if scale < 1.0:
+        board = pg.transform.smoothscale(board, (max(1, int(bw * scale)), max(1, int(bh * scale))))
+        bw, bh = board.get_size()
+    surf.blit(board, ((area_w - bw) // 2 + 10, y0 + (bottom - y0 - bh) // 2))
+    # Right: the caption with scrollable reasoning.
+    caption, max_scroll = draw_caption(
+        turn_view(rec, state.turn), (w - area_w - 30, bottom - y0 - 20), scroll=state.scroll
+    )
+    state.set_scroll_limit(max_scroll)
+    surf.blit(caption, (area_w + 20, y0 + 10))
+    # Bottom bar: keys.
+    pg.draw.rect(surf, COLORS["panel_edge"], (0, bottom, w, _BAR_H))
+    small = font(16)
+    blit_lines(surf, ellipsize([HELP], 1, small, w - 20), small, (10, bottom + 9), COLORS["text"])
+    return surf
+
+
+def run_viewer(
+    records: Sequence[EpisodeRecord],
+    *,
+    fps: float = 2.0,
+    episode: int = 0,
+    size: tuple[int, int] = VIEWER_SIZE,
+    max_frames: int | None = None,
+) -> ViewerState:
+    """Open a window and run the viewer until the user quits (or ``max_frames`` loop iterations, for tests)."""
+    from llm_gym.render import require_pygame
+
+    pg = require_pygame()
+    state = ViewerState(records, fps=fps, episode=episode)
+    pg.display.init()
+    try:
+        screen = pg.display.set_mode(size)
+        pg.display.set_caption("llm-gym viewer")
+        clock = pg.time.Clock()
+        drawn, frames = -1, 0
+        while state.running and (max_frames is None or frames < max_frames):
+            for event in pg.event.get():
+                state.handle_event(event)
+            state.tick(clock.tick(30) / 1000.0)
+            if drawn != state.version:
+                # Drawing may clamp the scroll; record the version after it so that does not force a redraw.
+                screen.blit(draw_viewer(state, size), (0, 0))
+                pg.display.flip()
+                drawn = state.version
+            frames += 1
+    finally:
+        pg.display.quit()
+    return state

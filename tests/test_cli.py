@@ -1,0 +1,165 @@
+"""llmgym-train: configuration layers, fail-fast errors (before any model load), and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytest.importorskip("trl")
+
+import trainer.models as models  # noqa: E402
+from trainer.cli import CPU_SETTINGS, main, resolve_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return models.build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the model must not be loaded when the configuration is bad")
+
+    monkeypatch.setattr(models, "load_model_and_tokenizer", boom)
+
+
+def _fails(capsys, argv, message):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert message in err, err
+    return err
+
+
+def test_unknown_env_fails_fast(capsys, tiny_dir, no_model_load):
+    err = _fails(capsys, ["--env", "Nope", "--model", tiny_dir], "unknown environment 'Nope'")
+    assert "FrozenLake" in err or "frozenlake" in err
+
+
+def test_batch_divisibility_fails_fast(capsys, tiny_dir, no_model_load):
+    argv = [
+        "--env",
+        "FrozenLake",
+        "--model",
+        tiny_dir,
+        "--num_prompts",
+        "3",
+        "--num_generations",
+        "4",
+        "--per_device_train_batch_size",
+        "8",
+    ]
+    _fails(capsys, argv, "must be divisible by per_device_train_batch_size")
+
+
+def test_missing_model_fails_fast(capsys, tmp_path, no_model_load):
+    _fails(capsys, ["--env", "Bandit", "--model", str(tmp_path / "nothing_here")], "does not exist")
+    _fails(
+        capsys,
+        ["--env", "Bandit", "--model", "someone/not-a-cached-model"],
+        "not in the local Hugging Face cache",
+    )
+
+
+def test_model_folder_without_chat_template_fails_fast(capsys, tmp_path, tiny_dir, no_model_load):
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_dir, bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = bare / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    data.pop("chat_template", None)
+    cfg.write_text(json.dumps(data))
+    _fails(capsys, ["--env", "Bandit", "--model", str(bare)], "no chat template")
+
+
+def test_unknown_override_keys_fail(capsys, tiny_dir, tmp_path, no_model_load):
+    _fails(capsys, ["--model", tiny_dir, "--set", "not_a_field=1"], "unknown config field 'not_a_field'")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learning_rate: 1.0e-5\nbogus: 3\n")
+    _fails(capsys, ["--model", tiny_dir, "--config", str(bad)], "bogus")
+
+
+def test_layers_preset_cli_yaml_set(tmp_path):
+    user = tmp_path / "user.yaml"
+    user.write_text("max_new_tokens: 123\nlearning_rate: 3e-6\n")
+    argv = [
+        "--env",
+        "FrozenLake",
+        "--use_cpu",
+        "True",
+        "--config",
+        str(user),
+        "--learning_rate",
+        "2e-6",
+        "--set",
+        "max_turns=4",
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
+    cfg, meta = resolve_config(argv, gpu=True, log=lambda *_: None)
+    assert cfg.env == "llmgym/FrozenLake-v0"
+    assert meta["model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["algo"] == "grpo"
+    assert cfg.num_generations == 16 and cfg.generation_batch_size == 128  # preset: 8 x 16
+    assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.28 and cfg.beta == 0.0 and cfg.temperature == 1.0
+    assert cfg.max_new_tokens == 123  # YAML file over preset
+    assert cfg.learning_rate == 2e-6  # command line over YAML file
+    assert cfg.max_turns == 4  # --set over everything
+    assert cfg.loss_type == "grpo"  # from the algorithm preset
+
+
+def test_cpu_settings_unless_overridden(tmp_path):
+    messages = []
+    cfg, _ = resolve_config(
+        ["--env", "Bandit", "--num_generations", "2", "--output_dir", str(tmp_path)],
+        gpu=False,
+        log=messages.append,
+    )
+    assert "no GPU found" in messages[0]
+    assert cfg.use_cpu and not cfg.bf16
+    assert cfg.max_steps == CPU_SETTINGS["max_steps"] and cfg.max_new_tokens == CPU_SETTINGS["max_new_tokens"]
+    assert cfg.num_generations == 2  # the user's value wins over the CPU default
+    assert cfg.max_turns == 1  # CPU settings cap the preset's turns, never raise them
+    cfg2, meta = resolve_config(
+        ["--env", "Bandit", "--algo", "drgrpo", "--output_dir", str(tmp_path)], gpu=False, log=lambda *_: None
+    )
+    assert meta["algo"] == "drgrpo" and cfg2.loss_type == "dr_grpo" and cfg2.scale_rewards == "none"
+
+
+def test_help_lists_fields_with_their_help(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--max_new_tokens" in out and "Tokens the model may generate per turn" in out
+    assert "--set" in out and "--algo" in out and "--learning_rate" in out
+
+
+def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    common = [
+        "--env",
+        "Bandit",
+        "--model",
+        tiny_dir,
+        "--output_dir",
+        str(out),
+        "--num_eval_seeds",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "True",
+    ]
+    assert main([*common, "--max_steps", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "before training: success" in text and "success before" in text and "-> after" in text
+    assert (out / "final" / "config.json").is_file()
+    assert (out / "checkpoint-1").is_dir()
+    assert (out / "episodes.jsonl").is_file()
+    assert main([*common, "--max_steps", "2", "--resume"]) == 0
+    assert (out / "checkpoint-2").is_dir()

@@ -1,0 +1,313 @@
+"""llmgym-eval: statistics, resume, the OpenAI-compatible policy (against a loopback server), errors, HF path."""
+
+import json
+import math
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llm_gym.agent.records import read_records
+from trainer.evaluate import (
+    EPISODES_FILE,
+    SUMMARY_FILE,
+    evaluate,
+    format_table,
+    main,
+    pass_at_k,
+    resolve_env_id,
+    summarize_env,
+    wilson_interval,
+)
+from trainer.policies import EndpointError, OpenAIPolicy, SamplingParams
+
+GOOD = "<think>go right</think><answer>Right</answer>"
+FP = {"model": "scripted", "endpoint": None, "temperature": 0.5, "top_p": 1.0, "max_new_tokens": 8}
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_wilson_known_values():
+    lo, hi = wilson_interval(5, 10)
+    assert math.isclose(lo, 0.2366, abs_tol=1e-4) and math.isclose(hi, 0.7634, abs_tol=1e-4)
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and math.isclose(hi, 0.2775, abs_tol=1e-4)
+    lo, hi = wilson_interval(10, 10)
+    assert math.isclose(lo, 0.7225, abs_tol=1e-4) and hi == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError):
+        wilson_interval(1, 2, z=0)
+
+
+@given(n=st.integers(1, 500), data=st.data())
+def test_wilson_contains_estimate_and_narrows(n, data):
+    c = data.draw(st.integers(0, n))
+    lo, hi = wilson_interval(c, n)
+    assert 0.0 <= lo <= c / n <= hi <= 1.0
+    lo4, hi4 = wilson_interval(4 * c, 4 * n)
+    assert hi4 - lo4 <= hi - lo + 1e-12
+
+
+def test_pass_at_k_known_values():
+    assert math.isclose(pass_at_k(5, 2, 1), 0.4)
+    assert math.isclose(pass_at_k(5, 2, 2), 0.7)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 4, 2) == 1.0
+    assert pass_at_k(5, 0, 3) == 0.0
+    with pytest.raises(ValueError, match="samples"):
+        pass_at_k(2, 1, 3)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 1)
+
+
+@given(n=st.integers(1, 30), data=st.data())
+def test_pass_at_k_properties(n, data):
+    c = data.draw(st.integers(0, n))
+    assert math.isclose(pass_at_k(n, c, 1), c / n)
+    values = [pass_at_k(n, c, k) for k in range(1, n + 1)]
+    assert all(a <= b + 1e-12 for a, b in zip(values, values[1:]))
+    assert values[-1] == (1.0 if c else 0.0)
+
+
+def test_resolve_env_id():
+    assert resolve_env_id("FrozenLake") == "llmgym/FrozenLake-v0"
+    assert resolve_env_id("sokoban") == "llmgym/Sokoban-v0"
+    assert resolve_env_id("llmgym/Bandit-v0") == "llmgym/Bandit-v0"
+    assert resolve_env_id("FrozenLake8x8-v0") == "llmgym/FrozenLake8x8-v0"
+    with pytest.raises(ValueError, match="choose from"):
+        resolve_env_id("Pong")
+
+
+# ------------------------------------------------------------------------------------------------ resume
+class CountingPolicy:
+    """Always moves right; counts the episodes it was asked to play on their first turn."""
+
+    def __init__(self, max_episodes=None):
+        self.first_turns = 0
+        self.max_episodes = max_episodes
+
+    def __call__(self, batch):
+        new = sum(1 for chat in batch if len(chat) == 2)  # system + first state
+        if self.max_episodes is not None and self.first_turns + new > self.max_episodes:
+            raise KeyboardInterrupt("simulated interruption")
+        self.first_turns += new
+        return [GOOD] * len(batch)
+
+
+def test_resume_skips_done_episodes(tmp_path):
+    out = tmp_path / EPISODES_FILE
+    env = ["llmgym/FrozenLakeDeterministic-v0"]
+    interrupted = CountingPolicy(max_episodes=3)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(
+            interrupted, env, [0, 1, 2], samples=2, output=out, fingerprint=FP, batch_size=2, progress=False
+        )
+    done_before = read_records(out)
+    assert len(done_before) == 2  # the first batch of 2 was written; the second was interrupted
+    with pytest.raises(ValueError, match="--resume"):
+        evaluate(CountingPolicy(), env, [0, 1, 2], samples=2, output=out, fingerprint=FP, progress=False)
+    policy = CountingPolicy()
+    result = evaluate(
+        policy,
+        env,
+        [0, 1, 2],
+        samples=2,
+        output=out,
+        fingerprint=FP,
+        resume=True,
+        batch_size=2,
+        progress=False,
+    )
+    assert policy.first_turns == 6 - len(done_before)
+    assert result["episodes_resumed"] == len(done_before) and result["episodes_played"] == policy.first_turns
+    records = read_records(out)
+    keys = sorted((r.seed, r.meta["sample"]) for r in records)
+    assert keys == [(s, k) for s in (0, 1, 2) for k in (0, 1)]
+    assert result["per_env"][env[0]]["episodes"] == 6
+    # The summary matches a fresh run of the same deterministic policy.
+    fresh = evaluate(CountingPolicy(), env, [0, 1, 2], samples=2, output=tmp_path / "b.jsonl", fingerprint=FP)
+    assert fresh["per_env"] == result["per_env"]
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    out = tmp_path / EPISODES_FILE
+    env = ["llmgym/Bandit-v0"]
+    evaluate(CountingPolicy(), env, [0], output=out, fingerprint=FP, progress=False)
+    with pytest.raises(ValueError, match="temperature"):
+        evaluate(CountingPolicy(), env, [0], output=out, fingerprint={**FP, "temperature": 1.0}, resume=True)
+
+
+def test_summary_and_table():
+    from llm_gym.agent.records import EpisodeRecord, TurnRecord
+
+    def rec(seed, success):
+        info = {"success": success, "action_is_valid": True, "action_is_effective": True}
+        return EpisodeRecord("llmgym/X-v0", seed, "", turns=[TurnRecord("r", "o", float(success), info=info)])
+
+    records = [rec(0, True), rec(0, False), rec(1, False), rec(1, False)]
+    s = summarize_env(records, ks=[1, 2, 3])
+    assert s["success_rate"] == 0.25 and s["seeds"] == 2 and s["samples_per_seed"] == 2
+    assert math.isclose(s["pass@1"], 0.25) and math.isclose(s["pass@2"], 0.5)
+    assert "pass@3" not in s  # needs 3 samples per seed
+    assert s["valid_action_rate"] == 1.0 and s["mean_turns"] == 1.0
+    table = format_table({"llmgym/X-v0": s})
+    assert "X-v0" in table and "pass@2" in table and "0.250" in table
+
+
+# ------------------------------------------------------------------------------------------------ endpoint
+class FakeOpenAI(BaseHTTPRequestHandler):
+    models = ["served-model"]
+    status = 200
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, payload):
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.status != 200:
+            return self._send(self.status, {"error": "nope"})
+        if self.path == "/v1/models":
+            return self._send(
+                200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
+            )
+        self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"body": body, "auth": self.headers.get("Authorization")})
+        if self.path != "/v1/chat/completions":
+            return self._send(404, {"error": "not found"})
+        reply = {
+            "choices": [{"message": {"role": "assistant", "content": GOOD}}],
+            "usage": {"completion_tokens": 9},
+        }
+        self._send(200, reply)
+
+
+@pytest.fixture
+def server():
+    handler = type("Handler", (FakeOpenAI,), {"requests": [], "status": 200})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield httpd, handler, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def test_openai_policy_end_to_end(server, tmp_path, capsys):
+    _, handler, url = server
+    out_dir = tmp_path / "ev"
+    args = ["--endpoint", url, "--model", "served-model", "--env", "FrozenLakeDeterministic", "Bandit"]
+    args += ["--num-seeds", "2", "-n", "2", "--output-dir", str(out_dir), "--no-progress", "--api-key", "k"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "FrozenLakeDeterministic-v0" in printed and "Bandit-v0" in printed
+    summary = json.loads((out_dir / SUMMARY_FILE).read_text())
+    assert summary["temperature"] == 0.5 and set(summary["envs"]) == {
+        "llmgym/FrozenLakeDeterministic-v0",
+        "llmgym/Bandit-v0",
+    }
+    fl = summary["envs"]["llmgym/FrozenLakeDeterministic-v0"]
+    assert fl["episodes"] == 4 and fl["valid_action_rate"] == 1.0 and "pass@2" in fl
+    records = read_records(out_dir / EPISODES_FILE)
+    assert len(records) == 8 and all(t.response == GOOD for r in records for t in r.turns)
+    first = handler.requests[0]
+    assert first["body"]["model"] == "served-model" and first["body"]["temperature"] == 0.5
+    assert first["body"]["messages"][0]["role"] == "system" and first["auth"] == "Bearer k"
+    assert len(handler.requests) == sum(len(r.turns) for r in records)
+
+
+def test_endpoint_errors(server):
+    httpd, handler, url = server
+    with pytest.raises(EndpointError, match="not served"):
+        OpenAIPolicy(url, "other-model").probe()
+    handler.status = 401
+    with pytest.raises(EndpointError, match="401"):
+        OpenAIPolicy(url, "served-model").probe()
+    with pytest.raises(EndpointError, match="http"):
+        OpenAIPolicy("localhost:8000", "m")
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with pytest.raises(EndpointError, match="cannot reach"):
+        OpenAIPolicy(dead, "m", timeout=2).probe()
+
+
+def test_cli_fails_early_with_clear_messages(tmp_path, capsys):
+    base = ["--env", "FrozenLake", "--num-seeds", "1", "--output-dir", str(tmp_path), "--no-progress"]
+    assert main(["--model", str(tmp_path / "missing_model"), *base]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    assert main(["--endpoint", dead, "--model", "m", "--timeout", "2", *base]) == 2
+    assert "cannot reach" in capsys.readouterr().err
+    assert main(["--model", "x/y", "--env", "Pong", "--output-dir", str(tmp_path)]) == 2
+    assert "unknown environment" in capsys.readouterr().err
+    assert main(["--model", "x/y", "--k", "3", "--output-dir", str(tmp_path)]) == 2
+    assert "--k" in capsys.readouterr().err
+    assert not (tmp_path / EPISODES_FILE).exists()
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=0)
+
+
+# ------------------------------------------------------------------------------------------------ HF model
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from trainer.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_eval"))
+
+
+def test_hf_policy_batched_matches_single(tiny_dir):
+    from trainer.policies import HFPolicy
+
+    policy = HFPolicy.from_pretrained(
+        tiny_dir, SamplingParams(temperature=0.0, max_new_tokens=6), device="cpu"
+    )
+    chats = [
+        [{"role": "system", "content": "You play FrozenLake."}, {"role": "user", "content": "State: P _ G"}],
+        [{"role": "user", "content": "Turn 1"}],
+    ]
+    batched = policy(chats)
+    assert len(batched) == 2 and all(isinstance(t, str) for t in batched)
+    assert batched == [policy([c])[0] for c in chats]  # left padding does not change greedy replies
+    assert policy([]) == []
+
+
+def test_hf_eval_on_tiny_model(tiny_dir, tmp_path, capsys):
+    out_dir = tmp_path / "ev"
+    args = ["--model", tiny_dir, "--env", "FrozenLake", "--num-seeds", "2", "--max-new-tokens", "8"]
+    args += ["--output-dir", str(out_dir), "--no-progress", "--device", "cpu"]
+    assert main(args) == 0
+    summary = json.loads((out_dir / SUMMARY_FILE).read_text())
+    fl = summary["envs"]["llmgym/FrozenLake-v0"]
+    assert fl["episodes"] == 2 and 0.0 <= fl["success_ci"][0] <= fl["success_ci"][1] <= 1.0
+    records = read_records(out_dir / EPISODES_FILE)
+    assert sorted(r.seed for r in records) == [10_000, 10_001]
+    assert all(r.meta["eval"]["model"] == tiny_dir for r in records)
+    assert main(args) == 2  # the file exists: refuse without --resume / --overwrite
+    assert main([*args, "--resume"]) == 0
+    assert len(read_records(out_dir / EPISODES_FILE)) == 2  # nothing replayed

@@ -1,0 +1,217 @@
+"""PPO trainer on a tiny random model: GAE targets, value loss, optimizer groups, checkpoints, training steps."""
+
+import os
+
+import pytest
+import torch
+
+from trainer.algorithms import algorithm_overrides
+from trainer.config import LLMGymGRPOConfig
+from trainer.models import build_tiny_model, load_model_and_tokenizer
+from trainer.ppo import OLD_VALUES, RETURNS, VALUE_HEAD_FILE, LLMGymPPOTrainer, load_value_head
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_ppo"))
+
+
+def make_trainer(tiny_dir, out_dir, trainer_kwargs=None, **overrides):
+    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
+    kwargs = dict(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=64,
+        max_new_tokens=8,
+        max_turns=2,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        learning_rate=1e-3,
+        value_lr=1e-2,
+        seed=0,
+        disable_tqdm=True,
+        env="FrozenLake",
+        num_eval_seeds=0,
+        episode_records="",
+        filter_strategy="off",
+        mi_every=0,
+        **algorithm_overrides("ppo"),
+    )
+    kwargs.update(overrides)
+    tr = LLMGymPPOTrainer(
+        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, **(trainer_kwargs or {})
+    )
+    tr.current_gradient_accumulation_steps = (
+        1  # set by the training loop; needed when calling the loss directly
+    )
+    return tr
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_dir, tmp_path_factory):
+    return make_trainer(tiny_dir, tmp_path_factory.mktemp("ppo_out"))
+
+
+def synthetic_batch(tr, B=4, P=5, C=7):
+    torch.manual_seed(1)
+    vocab = tr.processing_class.vocab_size
+    tool_mask = torch.ones(B, C, dtype=torch.long)
+    tool_mask[:, 2:4] = 0  # an environment observation between two model turns
+    completion_mask = torch.ones(B, C, dtype=torch.long)
+    completion_mask[-1, -2:] = 0  # padding at the end of the last row
+    return {
+        "prompt_ids": torch.randint(10, vocab, (B, P)),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": torch.randint(10, vocab, (B, C)),
+        "completion_mask": completion_mask,
+        "tool_mask": tool_mask,
+        "advantages": torch.zeros(B),
+        "num_items_in_batch": (completion_mask * tool_mask).sum(),
+    }
+
+
+def test_value_head_attached_hooked_and_kept_out_of_save(trainer):
+    lm = trainer.model
+    assert lm.v_head is trainer._v_head and trainer._v_head.weight.requires_grad
+    assert {"v_head.weight", "v_head.bias"} <= set(lm._keys_to_ignore_on_save)
+    # The hook only records while values are requested.
+    batch = synthetic_batch(trainer)
+    with torch.no_grad():
+        lm(input_ids=batch["prompt_ids"])
+    assert trainer._value_buffer is None
+
+
+def test_optimizer_gives_value_head_its_own_lr(trainer):
+    trainer.optimizer = None
+    opt = trainer.create_optimizer()
+    head_ids = {id(p) for p in trainer._v_head.parameters()}
+    groups_with_head = [g for g in opt.param_groups if {id(p) for p in g["params"]} & head_ids]
+    assert len(groups_with_head) == 1
+    g = groups_with_head[0]
+    assert g["lr"] == trainer.args.value_lr and {id(p) for p in g["params"]} == head_ids
+    others = [p for grp in opt.param_groups if grp is not g for p in grp["params"]]
+    assert others and all(grp["lr"] == trainer.args.learning_rate for grp in opt.param_groups if grp is not g)
+    trainer.optimizer = None
+
+
+def test_ppo_targets_env_tokens_get_zero_advantage(trainer):
+    batch = synthetic_batch(trainer)
+    B = batch["prompt_ids"].size(0)
+    trainer.model.train()
+    trainer._ppo_rewards_per_func = torch.tensor([[1.0], [0.0], [0.5], [-0.1]])[:B]
+    out = trainer._add_ppo_targets(dict(batch))
+    mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    adv, old_v, ret = out["advantages"], out[OLD_VALUES], out[RETURNS]
+    assert adv.shape == mask.shape
+    assert torch.all(adv[~mask] == 0) and torch.all(old_v[~mask] == 0) and torch.all(ret[~mask] == 0)
+    # gamma = lambda = 1: every model token's return is the episode reward; advantages = whitened (R - V).
+    scores = trainer._ppo_rewards_per_func.squeeze(1)
+    assert torch.allclose(ret, scores[:, None].expand_as(ret) * mask, atol=1e-6)
+    raw = (ret - old_v)[mask]
+    assert torch.allclose(adv[mask], (raw - raw.mean()) / (raw.std() + 1e-8), atol=1e-4)
+
+
+def test_value_loss_falls_on_fixed_batch(tiny_dir, tmp_path):
+    tr = make_trainer(tiny_dir, tmp_path, value_clip=None, entropy_coef=0.0)
+    tr.model.train()
+    batch = synthetic_batch(tr)
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    batch["advantages"] = torch.zeros(mask.shape)  # no policy gradient: only the critic learns
+    batch[OLD_VALUES] = torch.zeros(mask.shape)
+    batch[RETURNS] = torch.tensor([1.0, -1.0, 0.5, 0.0])[:, None] * mask
+    opt = torch.optim.Adam(tr._v_head.parameters(), lr=0.05)
+    for _ in range(40):
+        opt.zero_grad()
+        tr.compute_loss(tr.model, batch).backward()
+        opt.step()
+    losses = tr._metrics["train"]["ppo/value_loss"]
+    assert len(losses) == 40
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_checkpoint_round_trip_restores_value_head(trainer, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    head = trainer._v_head
+    with torch.no_grad():
+        head.weight.normal_()
+        head.bias.fill_(0.25)
+    saved = {k: v.clone() for k, v in head.state_dict().items()}
+    trainer._save(str(tmp_path))
+    assert os.path.isfile(tmp_path / VALUE_HEAD_FILE)
+    assert not any("v_head" in k for k in load_file(tmp_path / "model.safetensors"))
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # a plain policy checkpoint, loadable as is
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+    trainer._load_from_checkpoint(str(tmp_path))
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, saved[k])
+
+
+def test_load_value_head_errors(trainer, tmp_path):
+    from safetensors.torch import save_file
+
+    assert load_value_head(trainer._v_head, str(tmp_path)) is False  # absent: warns, keeps the init
+    save_file({"weight": torch.zeros(1, 3), "bias": torch.zeros(1)}, str(tmp_path / VALUE_HEAD_FILE))
+    with pytest.raises(ValueError, match="does not match"):
+        load_value_head(trainer._v_head, str(tmp_path))
+
+
+def test_two_ppo_steps_move_policy_and_value_head(tiny_dir, tmp_path):
+    tr = make_trainer(tiny_dir, tmp_path)
+    head0 = tr._v_head.weight.detach().clone()
+    policy0 = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "v_head" not in n}
+    tr.train()
+    assert tr.state.global_step == 2
+    assert not torch.equal(tr._v_head.weight, head0)
+    moved = [
+        n for n, p in tr.model.named_parameters() if "v_head" not in n and not torch.equal(p, policy0[n])
+    ]
+    assert moved
+    logged = [r for r in tr.state.log_history if "ppo/value_loss" in r]
+    assert (
+        len(logged) == 2
+        and all(r["ppo/return_mean"] == r["reward"] for r in logged if "reward" in r)
+        or logged
+    )
+    head_group = [g for g in tr.optimizer.param_groups if any(p is tr._v_head.weight for p in g["params"])]
+    assert head_group[0]["initial_lr"] == tr.args.value_lr
+
+
+def test_lora_keeps_value_head_trainable(tiny_dir, tmp_path):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    tr = make_trainer(tiny_dir, tmp_path, max_steps=1, trainer_kwargs={"peft_config": lora})
+    assert type(tr.model).__name__.startswith("Peft")
+    assert tr._v_head.weight.requires_grad
+    head0 = tr._v_head.weight.detach().clone()
+    tr.train()
+    assert not torch.equal(tr._v_head.weight, head0)
+    tr.save_model(str(tmp_path / "final"))
+    files = os.listdir(tmp_path / "final")
+    assert VALUE_HEAD_FILE in files and "adapter_model.safetensors" in files
+
+
+@pytest.mark.parametrize("drop", ["remove", "mask"])
+def test_dapo_preset_with_snr_filter(tiny_dir, tmp_path, drop):
+    """The SNR filter runs after the PPO targets exist, so they are dropped or masked with their rows."""
+    overrides = {
+        **algorithm_overrides("dapo"),
+        "filter_strategy": "top_p",
+        "filter_drop": drop,
+        "max_steps": 1,
+    }
+    tr = make_trainer(tiny_dir, tmp_path, **overrides)
+    assert tr.args.epsilon_high == 0.28
+    tr.train()
+    logs = tr.state.log_history[0]
+    assert "snr/kept_frac" in logs and "ppo/value_loss" in logs

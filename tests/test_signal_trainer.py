@@ -1,0 +1,168 @@
+"""SNR filtering and MI metrics through the real ``LLMGymGRPOTrainer`` on a tiny offline model.
+
+Rewards are set by a test reward function (groups are contiguous, G rows each), so we know which
+groups carry variance and must reach the loss.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import trainer.grpo as grpo_module
+from trainer.config import LLMGymGRPOConfig
+from trainer.grpo import LLMGymGRPOTrainer
+from trainer.models import build_tiny_model, load_model_and_tokenizer
+from trainer.signal import after_scoring, signal_state
+
+G = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_signal"))
+
+
+def rewards_with_variance_in(groups):
+    def reward(prompts, completions, **_):
+        return [float(i % G) if (i // G) in groups else 0.5 for i in range(len(prompts))]
+
+    return reward
+
+
+class Spy:
+    """Records every batch before/after ``after_scoring`` and every batch that reaches the loss."""
+
+    def __init__(self, tr):
+        self.before, self.after, self.loss_inputs = [], [], []
+        self.tr = tr
+        compute_loss = tr.compute_loss
+
+        def spy_loss(model, inputs, *a, **k):
+            self.loss_inputs.append(
+                {k2: v.detach().clone() for k2, v in inputs.items() if torch.is_tensor(v)}
+            )
+            return compute_loss(model, inputs, *a, **k)
+
+        tr.compute_loss = spy_loss
+
+    def after_scoring(self, trainer, out):
+        self.before.append({k: v.clone() for k, v in out.items() if torch.is_tensor(v)})
+        res = after_scoring(trainer, out)
+        self.after.append(res)
+        return res
+
+
+def make(tiny_dir, tmp_path, monkeypatch, reward, **overrides):
+    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        num_prompts=3,
+        num_generations=G,
+        per_device_train_batch_size=2,
+        max_completion_length=48,
+        max_new_tokens=6,
+        max_turns=2,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        learning_rate=1e-2,
+        seed=0,
+        disable_tqdm=True,
+        env="FrozenLake",
+        num_eval_seeds=0,
+        episode_records="",
+        mi_every=0,
+        mi_reasoning="turn",
+    )
+    kwargs.update(overrides)
+    tr = LLMGymGRPOTrainer(
+        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, reward_funcs=[reward]
+    )
+    spy = Spy(tr)
+    monkeypatch.setattr(grpo_module, "after_scoring", spy.after_scoring)
+    return tr, spy
+
+
+def rows(batch):
+    """Each row as a hashable (prompt, completion) token tuple, padding included."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    return [tuple(r) for r in ids.tolist()]
+
+
+def weights(tr):
+    return [p.detach().clone() for p in tr.model.parameters()]
+
+
+def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir, tmp_path, monkeypatch):
+    # 3 groups, only group 1 has reward variance; 6 rows per round split into 3 micro-batches
+    tr, spy = make(
+        tiny_dir,
+        tmp_path,
+        monkeypatch,
+        rewards_with_variance_in({1}),
+        max_steps=9,
+        mi_every=2,
+        mi_num_samples=4,
+    )
+    w0 = weights(tr)
+    tr.train()
+    assert len(spy.before) == 3  # 3 generation rounds of 3 optimizer steps
+    for r, (before, after) in enumerate(zip(spy.before, spy.after)):
+        all_rows = rows(before)
+        kept_rows = all_rows[2:4]  # group 1
+        assert after["completion_ids"].shape[0] == 3  # 2 kept rows + 1 masked padding row (3 micro-batches)
+        losses = spy.loss_inputs[3 * r : 3 * r + 3]
+        assert all(b["completion_ids"].shape[0] == 1 for b in losses)  # dropped rows cost no forward/backward
+        trained = [row for b in losses for row, m in zip(rows(b), b["tool_mask"].sum(1).tolist()) if m > 0]
+        assert sorted(trained) == sorted(kept_rows)
+        padded = [b for b in losses if b["tool_mask"].sum() == 0]
+        assert len(padded) == 1 and padded[0]["advantages"].abs().sum() == 0
+        mask = after["completion_mask"] * after["tool_mask"]
+        assert int(after["num_items_in_batch"]) == int(mask.sum())
+    assert any(not torch.equal(a, b) for a, b in zip(w0, weights(tr)))  # the kept group trains
+
+    logs = {h["step"]: h for h in tr.state.log_history if "loss" in h}
+    assert logs[1]["snr/kept_groups"] == 1 and logs[1]["snr/num_groups"] == 3
+    assert logs[1]["snr/padding_rows"] == 1 and logs[1]["snr/skipped"] == 0
+    assert logs[1]["frac_reward_zero_std"] == pytest.approx(2 / 3)
+    mi_steps = sorted(s for s, h in logs.items() if "mi/first_turn/mi_est" in h)
+    assert mi_steps == [1, 7]  # rounds 0 and 2 of mi_every=2; round 1 (step 4) has none
+    assert "mi/trajectory/mi_zscore_ema" in logs[1] and "mi/first_turn/retrieval_chance" in logs[1]
+
+    report = os.path.join(tr.args.output_dir, "collapse.jsonl")
+    lines = [json.loads(line) for line in open(report)]
+    assert [line["step"] for line in lines if "snr/kept_frac" in line] == [1, 4, 7]
+    assert [line["step"] for line in lines if "mi/trajectory/mi_est" in line] == [1, 7]
+
+
+def test_skipped_step_leaves_weights_bitwise_equal_and_stops_training(
+    tiny_dir, tmp_path, monkeypatch, capsys
+):
+    # no group has reward variance; one round per optimizer step
+    tr, spy = make(
+        tiny_dir,
+        tmp_path,
+        monkeypatch,
+        rewards_with_variance_in(set()),
+        per_device_train_batch_size=6,
+        max_steps=5,
+        filter_empty_stop_steps=2,
+    )
+    w0 = weights(tr)
+    tr.train()
+    assert tr.state.global_step == 2  # stopped after 2 consecutive empty rounds, not max_steps=5
+    assert all(torch.equal(a, b) for a, b in zip(w0, weights(tr)))
+    assert signal_state(tr).skipped_steps == 2
+    for b in spy.loss_inputs:  # only one masked dummy row per micro-batch reaches the loss
+        assert b["completion_ids"].shape[0] == 1 and b["tool_mask"].sum() == 0
+    logs = [h for h in tr.state.log_history if "loss" in h]
+    assert [h["snr/skipped"] for h in logs] == [1, 1]
+    assert [h["snr/consecutive_empty"] for h in logs] == [1, 2]
+    assert all(h.get("entropy") is None for h in logs)  # dummy-row loss metrics are dropped, not logged as 0
+    assert "consecutive rounds had no group" in capsys.readouterr().out

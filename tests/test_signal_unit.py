@@ -1,0 +1,146 @@
+"""``after_scoring`` on a fake trainer: multi-process slicing, lockstep padding, mask mode, scaling, config."""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer.signal import SignalArguments, after_scoring, make_signal_callbacks, signal_state
+
+G, B, T = 2, 4, 5  # 2 groups per process
+
+
+@dataclass
+class Args(SignalArguments):
+    seed: int = 0
+    steps_per_generation: int = 2
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing_kwargs: dict | None = None
+    output_dir: str = "unused"
+
+
+class FakeAccelerator:
+    """Process ``rank`` of ``world``; gather pretends every process sent the same tensor."""
+
+    def __init__(self, rank, world):
+        self.process_index, self.num_processes, self.device = rank, world, torch.device("cpu")
+
+    def gather(self, t):
+        t = t.reshape(-1) if t.ndim == 0 else t
+        parts = [t] * self.num_processes
+        return torch.cat(parts)
+
+
+def fake_trainer(rewards, rank=0, world=1, training=True, **args):
+    return SimpleNamespace(
+        model=SimpleNamespace(training=training),
+        args=Args(mi_every=0, collapse_report="", **args),
+        accelerator=FakeAccelerator(rank, world),
+        num_generations=G,
+        reward_weights=torch.ones(1),
+        _metrics={"train": defaultdict(list)},
+        _last_rewards_per_func=torch.tensor(rewards, dtype=torch.float32)[:, None],
+    )
+
+
+def batch():
+    return {
+        "prompt_ids": torch.arange(B)[:, None].repeat(1, 3),
+        "prompt_mask": torch.ones(B, 3, dtype=torch.long),
+        "completion_ids": torch.arange(B * T).view(B, T),
+        "completion_mask": torch.ones(B, T, dtype=torch.long),
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "num_items_in_batch": torch.tensor(B * T * 2),
+    }
+
+
+def test_rank_with_no_kept_group_gets_masked_dummy_rows_while_others_train():
+    # global: rank 0 holds groups 0-1 (with variance), rank 1 holds groups 2-3 (none)
+    rewards = [0.0, 1.0, 1.0, 0.0, 0.5, 0.5, 0.2, 0.2]
+    tr = fake_trainer(rewards, rank=1, world=2)
+    out = after_scoring(tr, batch())
+    st = signal_state(tr)
+    assert not st.skip  # the decision is global: rank 0 keeps something, so nobody skips
+    assert out["completion_ids"].shape[0] == 2  # steps_per_generation micro-batches of one dummy row each
+    assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
+    assert tr._metrics["train"]["snr/kept_groups"] == [2.0]
+    tr0 = fake_trainer(rewards, rank=0, world=2)
+    out0 = after_scoring(tr0, batch())
+    assert out0["prompt_ids"][:, 0].tolist() == [0, 1, 2, 3] and "tool_mask" not in out0
+
+
+def test_local_slice_is_selected_by_process_index():
+    rewards = [0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.5, 0.5]  # only global group 2 (rank 1's first group)
+    out = after_scoring(fake_trainer(rewards, rank=1, world=2), batch())
+    assert out["prompt_ids"][:, 0].tolist() == [0, 1]
+    assert "tool_mask" not in out and out["advantages"].tolist() == [1.0, -1.0]
+
+
+def test_mask_mode_keeps_shapes_and_recomputes_num_items():
+    tr = fake_trainer([0.0, 1.0, 0.5, 0.5], filter_drop="mask")
+    out = after_scoring(tr, batch())
+    assert out["completion_ids"].shape == (B, T)
+    assert out["tool_mask"][:2].sum() == 2 * T and out["tool_mask"][2:].sum() == 0
+    assert int(out["num_items_in_batch"]) == 2 * T
+
+
+def test_linear_loss_scaling_and_off_strategy():
+    out = after_scoring(fake_trainer([0.0, 1.0, 0.5, 0.5], filter_loss_scaling="linear"), batch())
+    assert out["advantages"].tolist() == [0.5, -0.5]
+    tr = fake_trainer([0.5] * 4, filter_strategy="off")
+    out = after_scoring(tr, batch())
+    assert out["completion_ids"].shape[0] == B and not signal_state(tr).skip
+    assert int(out["num_items_in_batch"]) == B * T * 2  # untouched when nothing is filtered
+
+
+def test_skip_callback_drops_grads_only_on_skipped_rounds():
+    tr = fake_trainer([0.5] * 4)
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2)
+    tr.optimizer = torch.optim.AdamW([p])
+    skip_cb = make_signal_callbacks(tr)[0]
+    after_scoring(tr, batch())
+    assert signal_state(tr).skip
+    skip_cb.on_pre_optimizer_step(tr.args, None, None)
+    assert p.grad is None
+    tr._last_rewards_per_func = torch.tensor([[0.0], [1.0], [0.5], [0.5]])
+    after_scoring(tr, batch())
+    p.grad = torch.ones(2)
+    skip_cb.on_pre_optimizer_step(tr.args, None, None)
+    assert p.grad is not None and signal_state(tr).consecutive_empty == 0
+
+
+def test_eval_mode_and_missing_rewards():
+    b = batch()
+    assert after_scoring(fake_trainer([0.0] * 4, training=False), b) is b
+    tr = fake_trainer([0.0] * 4)
+    tr._last_rewards_per_func = None
+    with pytest.raises(RuntimeError, match="_last_rewards_per_func"):
+        after_scoring(tr, batch())
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("filter_strategy", "top_q"),
+        ("filter_value", 0.0),
+        ("filter_metric", "range"),
+        ("filter_loss_scaling", "cubic"),
+        ("filter_drop", "delete"),
+        ("filter_empty_stop_steps", -1),
+        ("mi_every", -2),
+        ("mi_num_samples", 1),
+        ("mi_std_eps", 0.0),
+        ("mi_ema_decay", 1.0),
+        ("mi_reasoning", "words"),
+        ("mi_marginal", "exact"),
+        ("mi_batch_size", 0),
+        ("collapse_report", "../x.jsonl"),
+    ],
+)
+def test_bad_signal_config_raises(field, value):
+    with pytest.raises(ValueError, match=field.split("_")[0]):
+        SignalArguments(**{field: value}).validate_signal_args()
+    SignalArguments().validate_signal_args()  # defaults are valid

@@ -1,0 +1,217 @@
+"""SNR top-p filtering: pure functions on hand-made reward tables."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.snr_filter import (
+    decide,
+    episode_rewards,
+    group_scores,
+    loss_scale,
+    mask_rows,
+    select_groups,
+    select_rows,
+)
+
+
+def kept(scores, **kw):
+    return np.flatnonzero(select_groups(np.array(scores, dtype=float), **kw)).tolist()
+
+
+def test_paper_worked_example_keeps_a_and_c():
+    # RAGEN-2 Fig. 4: RV = 9, 1, 5; 0.9 * 15 = 13.5 -> keep A (9) and C (5), drop B (1)
+    assert kept([9, 1, 5], strategy="top_p", value=0.9) == [0, 2]
+
+
+def test_group_variance_is_unbiased_and_std_is_its_root():
+    r = np.array([0.0, 1.0, 0.0, 0.0, 2.0, 1.0])  # groups of G=3
+    np.testing.assert_allclose(group_scores(r, 3), [1 / 3, 1.0])
+    np.testing.assert_allclose(group_scores(r, 3, "std"), [math.sqrt(1 / 3), 1.0])
+    np.testing.assert_allclose(group_scores(np.array([0.0, 1.0]), 2), [0.5])
+
+
+def test_variance_and_std_mass_can_keep_different_groups():
+    # variances 9, 1, 1, 1: 9+1+1 = 11 >= 0.9*12 - 0.01 keeps three groups;
+    # stds 3, 1, 1, 1: 3+1+1 = 5 < 0.9*6 - 0.01, so std mass needs all four
+    rewards = np.array([0.0, math.sqrt(18)] + [0.0, math.sqrt(2)] * 3)
+    np.testing.assert_allclose(group_scores(rewards, 2), [9.0, 1.0, 1.0, 1.0])
+    assert decide(rewards, 2, metric="variance").keep_groups.tolist() == [True, True, True, False]
+    assert decide(rewards, 2, metric="std").keep_groups.tolist() == [True, True, True, True]
+
+
+def test_all_zero_batch_is_skipped_by_every_strategy_but_off():
+    zeros = np.zeros(8)
+    for strategy in ("top_p", "top_k", "min_p", "softmax_top_p"):
+        d = decide(zeros, 2, strategy=strategy, value=0.5)
+        assert d.skip, strategy
+    assert not decide(zeros, 2, strategy="off").skip
+    # include_zero cannot rescue top_p: 0.9 * 0 <= eps rejects the batch
+    assert decide(zeros, 2, strategy="top_p", include_zero=True).skip
+    assert decide(zeros, 2, strategy="top_k", value=0.5, include_zero=True).keep_groups.sum() == 2
+
+
+def test_single_group():
+    assert decide(np.array([0.0, 1.0]), 2).keep_groups.tolist() == [True]
+    assert decide(np.array([1.0, 1.0]), 2).skip
+
+
+def test_tiny_total_variance_is_rejected_by_eps():
+    assert kept([0.005, 0.004], strategy="top_p", value=0.9) == []
+    assert kept([0.005, 0.004], strategy="top_p", value=0.9, eps=0.0) == [0, 1]
+
+
+def test_ties_break_by_group_index():
+    assert kept([1, 1, 1, 1], strategy="top_p", value=0.5) == [0, 1]
+    assert kept([0, 2, 2, 1], strategy="top_k", value=0.25) == [1]
+
+
+def test_zero_groups_excluded_unless_included():
+    assert kept([4, 0, 4, 0], strategy="top_p", value=1.0) == [0, 2]
+    assert kept([4, 0, 4, 0], strategy="top_p", value=1.0, include_zero=True, eps=0.0) == [0, 2]
+    assert kept([4, 0, 4, 0], strategy="min_p", value=0.0, include_zero=True) == [0, 1, 2, 3]
+
+
+def test_top_k_min_p_softmax_off():
+    assert kept([3, 1, 2, 0], strategy="top_k", value=0.5) == [0, 2]
+    assert kept([3, 1, 2, 0], strategy="top_k", value=0.01) == [0]  # at least one
+    assert kept([4, 2, 1, 0], strategy="min_p", value=0.5) == [0, 1]
+    assert kept([10, 0.1, 0.1], strategy="softmax_top_p", value=0.9) == [0]
+    assert kept([1, 1, 1], strategy="softmax_top_p", value=0.9) == [0, 1, 2]
+    assert kept([0, 0, 5], strategy="off") == [0, 1, 2]
+
+
+def test_nan_rewards_are_left_out_of_their_group():
+    r = np.array([0.0, 1.0, np.nan, np.nan, np.nan, 1.0, 2.0, np.nan, 0.0])  # G = 3
+    np.testing.assert_allclose(group_scores(r, 3), [0.5, 0.0, 2.0])
+    assert decide(r, 3).keep_groups.tolist() == [True, False, True]
+    assert decide(np.full(4, np.nan), 2).skip
+
+
+def test_episode_rewards_weights_and_unscorable_rows():
+    rpf = np.array([[1.0, 2.0], [np.nan, 1.0], [np.nan, np.nan]])
+    out = episode_rewards(rpf, np.array([1.0, 0.5]))
+    np.testing.assert_allclose(out[:2], [2.0, 0.5])
+    assert np.isnan(out[2])
+    with pytest.raises(ValueError):
+        episode_rewards(rpf, np.array([1.0]))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: group_scores(np.array([0.0, np.inf]), 2),
+        lambda: group_scores(np.zeros(5), 2),
+        lambda: group_scores(np.zeros(4), 1),
+        lambda: group_scores(np.zeros(4), 2, metric="range"),
+        lambda: select_groups(np.array([1.0]), strategy="top_q"),
+        lambda: select_groups(np.array([1.0]), strategy="top_p", value=0.0),
+        lambda: select_groups(np.array([1.0]), strategy="top_p", value=1.5),
+        lambda: select_groups(np.array([1.0]), strategy="min_p", value=-0.1),
+        lambda: select_groups(np.array([1.0]), eps=-1.0),
+        lambda: select_groups(np.array([-1.0])),
+        lambda: select_groups(np.array([np.nan])),
+        lambda: loss_scale(0.5, "cubic"),
+    ],
+)
+def test_bad_input_raises_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_loss_scale():
+    assert loss_scale(0.25, "none") == 1.0
+    assert loss_scale(0.25, "linear") == 0.25
+    assert loss_scale(0.25, "sqrt") == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=12),
+    st.floats(0.05, 1.0),
+    st.booleans(),
+)
+def test_top_p_keeps_the_smallest_top_set_reaching_rho(scores, rho, include_zero):
+    s = np.array(scores)
+    keep = select_groups(s, "top_p", rho, include_zero=include_zero)
+    cand = s > 1e-10 if not include_zero else np.ones_like(s, dtype=bool)
+    total = s[cand].sum()
+    if rho * total <= 0.01:
+        assert not keep.any()
+        return
+    assert keep.any()
+    assert (keep <= cand).all()
+    # top set: every kept score >= every dropped candidate score
+    if (cand & ~keep).any():
+        assert s[keep].min() >= s[cand & ~keep].max()
+    # reaches the threshold, and is minimal
+    assert s[keep].sum() >= rho * total - 0.01 - 1e-9
+    assert s[keep].sum() - s[keep].min() < rho * total - 0.01 + 1e-9
+
+
+# --------------------------------------------------------------------------- row removal
+
+
+def _batch(n=6, t=4):
+    return {
+        "prompt_ids": torch.arange(n).unsqueeze(1).repeat(1, 3),
+        "prompt_mask": torch.ones(n, 3, dtype=torch.long),
+        "completion_ids": torch.arange(n * t).view(n, t),
+        "completion_mask": torch.ones(n, t, dtype=torch.long),
+        "advantages": torch.linspace(-1, 1, n),
+        "old_per_token_logps": torch.randn(n, t),
+        "num_items_in_batch": torch.tensor(n * t),
+        "rows_as_list": list(range(n)),
+    }
+
+
+def test_select_rows_keeps_rows_in_order_and_pads_to_the_split_multiple():
+    b = _batch()
+    keep = torch.tensor([True, False, False, True, True, False])
+    out, n_pad = select_rows(b, keep, multiple=2)
+    assert n_pad == 1
+    assert out["prompt_ids"][:, 0].tolist() == [0, 3, 4, 0]
+    assert out["rows_as_list"] == [0, 3, 4, 0]
+    assert out["old_per_token_logps"].shape == (4, 4)
+    assert torch.equal(out["old_per_token_logps"][:3], b["old_per_token_logps"][[0, 3, 4]])
+    assert out["tool_mask"][:3].eq(1).all() and out["tool_mask"][3].eq(0).all()
+    assert out["advantages"][3] == 0 and out["advantages"][0] == b["advantages"][0]
+    assert out["num_items_in_batch"] is b["num_items_in_batch"]
+
+
+def test_select_rows_without_padding_and_with_nothing_kept():
+    b = _batch()
+    out, n_pad = select_rows(b, torch.tensor([True, True, False, False, False, False]), multiple=2)
+    assert n_pad == 0 and "tool_mask" not in out and out["prompt_ids"].shape[0] == 2
+    out, n_pad = select_rows(b, torch.zeros(6, dtype=torch.bool), multiple=3)
+    assert n_pad == 3 and out["prompt_ids"].shape[0] == 3
+    assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
+
+
+def test_select_rows_rejects_multimodal_and_bad_masks():
+    b = _batch()
+    with pytest.raises(ValueError):
+        select_rows(b, torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        select_rows({**b, "pixel_values": torch.zeros(10, 3)}, torch.ones(6, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        select_rows(b, torch.ones(6, dtype=torch.bool), multiple=0)
+
+
+def test_mask_rows_keeps_shapes_and_zeroes_dropped_rows():
+    b = _batch()
+    b["tool_mask"] = torch.ones(6, 4, dtype=torch.long)
+    b["tool_mask"][0, 0] = 0
+    keep = torch.tensor([True, False, True, False, True, False])
+    out = mask_rows(b, keep)
+    assert out["tool_mask"].shape == (6, 4)
+    assert (
+        out["tool_mask"][1::2].sum() == 0 and out["tool_mask"][0, 0] == 0 and out["tool_mask"][2].sum() == 4
+    )
+    assert out["advantages"][1::2].abs().sum() == 0
+    adv2d = mask_rows({**b, "advantages": torch.ones(6, 4)}, keep)["advantages"]
+    assert adv2d[1::2].sum() == 0 and adv2d[::2].sum() == 12

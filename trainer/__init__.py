@@ -1,0 +1,27 @@
+"""llm-gym trainer: multi-turn RL for LLM agents on llm-gym environments, built on TRL's ``GRPOTrainer``.
+
+Heavy imports (torch, transformers, trl) happen lazily, so ``import trainer`` is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "LLMGymGRPOConfig": "trainer.config",
+    "LLMGymGRPOTrainer": "trainer.grpo",
+    "EnvRolloutFunc": "trainer.rollouts",
+    "resolve_model": "trainer.models",
+    "load_model_and_tokenizer": "trainer.models",
+    "build_tiny_model": "trainer.models",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

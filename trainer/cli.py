@@ -1,0 +1,315 @@
+"""``llmgym-train``: RL training of an LLM agent on an llm-gym environment.
+
+Configuration layers, later ones win:
+
+1. the ``--algo`` preset (``trainer.algorithms``; default: the env preset's ``algo``, else ``grpo``);
+2. the environment preset ``trainer/presets/<env>.yaml`` (RAGEN-2 protocol);
+3. CPU-sized settings, only when no GPU is found;
+4. ``--config file.yaml``;
+5. command-line fields, TRL style (``--learning_rate 1e-5``);
+6. ``--set key=value`` (repeatable).
+
+Everything is validated (environment, batch divisibility, model, chat template) before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+PRESET_DIR = Path(__file__).with_name("presets")
+#: Keys a preset or config file may hold besides config fields.
+META_KEYS = ("model", "algo")
+
+#: Settings used when no GPU is available, unless the user sets them (sized for 2 CPU cores, a few minutes).
+#: ``per_device_train_batch_size`` then defaults to ``num_prompts * num_generations`` (one micro-batch per round).
+CPU_SETTINGS: dict[str, Any] = {
+    "use_cpu": True,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "num_prompts": 2,
+    "num_generations": 4,
+    "gradient_accumulation_steps": 1,
+    "max_turns": 3,
+    "max_new_tokens": 32,
+    "max_completion_length": 320,
+    "max_steps": 10,
+    "learning_rate": 1e-5,
+    "logging_steps": 1,
+    "eval_strategy": "no",
+    "num_eval_seeds": 8,
+    "per_device_eval_batch_size": 8,
+    "save_strategy": "no",
+    "dataloader_num_workers": 0,
+}
+
+
+#: CPU settings that only lower the preset's value.
+CPU_CAPS = ("max_turns", "max_new_tokens", "max_completion_length")
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user must fix; printed without a traceback."""
+
+
+def _short(env: str) -> str:
+    return env.split("/")[-1].split("-v")[0].lower()
+
+
+def preset_path(env: str) -> Path | None:
+    """The preset YAML for ``env`` (a short name or an id), if one exists."""
+    from trainer.config import ENV_SHORT_NAMES
+
+    key = env.strip().lower().replace("_", "").replace("-", "")
+    if key in ENV_SHORT_NAMES:
+        p = PRESET_DIR / f"{key}.yaml"
+        return p if p.is_file() else None
+    for short, env_id in ENV_SHORT_NAMES.items():
+        if env.strip() == env_id:
+            p = PRESET_DIR / f"{short}.yaml"
+            return p if p.is_file() else None
+    return None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of field: value at the top level")
+    return data
+
+
+def build_parser() -> Any:
+    """HfArgumentParser over every config field plus the llmgym-train options."""
+    from transformers import HfArgumentParser
+
+    from trainer.config import LLMGymGRPOConfig
+
+    parser = HfArgumentParser(
+        LLMGymGRPOConfig,
+        prog="llmgym-train",
+        description="Train an LLM agent with multi-turn RL (GRPO family or PPO) on an llm-gym environment. "
+        "Every config field below can also be set in a YAML file (--config) or with --set key=value.",
+    )
+    group = parser.add_argument_group("llmgym-train")
+    group.add_argument(
+        "--model", default=None, help="Hub id, local folder, or 'smollm2' (offline SmolLM2-135M)."
+    )
+    group.add_argument("--algo", default=None, help="Algorithm preset: ppo, grpo, dapo or drgrpo.")
+    group.add_argument("--config", default=None, help="YAML file of field: value overrides.")
+    group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override one field.")
+    group.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="Resume from the latest checkpoint in output_dir, or from the given checkpoint folder.",
+    )
+    return parser
+
+
+def _field_names() -> set[str]:
+    from trainer.config import LLMGymGRPOConfig
+
+    return {f.name for f in fields(LLMGymGRPOConfig) if f.init}
+
+
+def _explicit_cli(parser: Any, argv: list[str]) -> tuple[dict[str, Any], argparse.Namespace]:
+    """Parse ``argv``; returns only the fields given explicitly (type-converted) and the llmgym options."""
+    saved = {a.dest: a.default for a in parser._actions}
+    try:
+        for a in parser._actions:
+            if a.dest != "help":
+                a.default = argparse.SUPPRESS
+        ns = parser.parse_args(argv)
+    finally:
+        for a in parser._actions:
+            a.default = saved[a.dest]
+    given = vars(ns)
+    meta = argparse.Namespace(
+        model=given.pop("model", None),
+        algo=given.pop("algo", None),
+        config=given.pop("config", None),
+        set=given.pop("set", []),
+        resume=given.pop("resume", None),
+    )
+    return given, meta
+
+
+def _convert(parser: Any, key: str, value: Any) -> Any:
+    """Type-convert a string value the way the command line would (for YAML strings and --set)."""
+    if not isinstance(value, str):
+        return value
+    for a in parser._actions:
+        if a.dest == key and callable(a.type):
+            try:
+                return a.type(value)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"bad value for {key}: {value!r} ({e})") from None
+    return value
+
+
+def _check_keys(data: dict[str, Any], where: str, names: set[str]) -> None:
+    unknown = sorted(k for k in data if k not in names and k not in META_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown config field(s) {', '.join(unknown)}; see llmgym-train --help")
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tuple[Any, dict[str, Any]]:
+    """Merge the layers into an ``LLMGymGRPOConfig``; returns ``(config, meta)`` with ``meta`` holding
+    ``model``, ``algo`` and ``resume``. Raises :class:`ConfigError` / ``ValueError`` on bad configuration."""
+    from trainer.algorithms import algorithm_overrides, get_algorithm
+    from trainer.config import LLMGymGRPOConfig
+
+    parser = build_parser()
+    names = _field_names()
+    explicit, opts = _explicit_cli(parser, argv)
+    sets: dict[str, Any] = {}
+    for item in opts.set:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if k not in names and k not in META_KEYS:
+            raise ConfigError(f"--set: unknown config field {k!r}; see llmgym-train --help")
+        sets[k] = _convert(parser, k, v)
+    user_file = load_yaml(opts.config) if opts.config else {}
+    _check_keys(user_file, str(opts.config), names)
+    user_file = {k: _convert(parser, k, v) for k, v in user_file.items()}
+
+    env = sets.get("env", explicit.get("env", user_file.get("env", "FrozenLake")))
+    preset_file = preset_path(str(env))
+    preset = load_yaml(preset_file) if preset_file else {}
+    _check_keys(preset, str(preset_file), names)
+    preset = {k: _convert(parser, k, v) for k, v in preset.items()}
+
+    def pick(key: str, default: Any = None) -> Any:
+        for layer in (sets, {"model": opts.model, "algo": opts.algo}, user_file, preset):
+            if layer.get(key) is not None:
+                return layer[key]
+        return default
+
+    algo = get_algorithm(str(pick("algo", "grpo"))).name
+    model = pick("model", "Qwen/Qwen2.5-3B-Instruct")
+    gpu = has_gpu() if gpu is None else gpu
+    merged: dict[str, Any] = dict(algorithm_overrides(algo))
+    merged.update({k: v for k, v in preset.items() if k not in META_KEYS})
+    user_keys = set(user_file) | set(explicit) | set(sets)
+    if not gpu:
+        cpu = {k: v for k, v in CPU_SETTINGS.items() if k not in user_keys}
+        for key in CPU_CAPS:  # caps: never raise a preset's smaller value (Bandit keeps 1 turn)
+            if key in cpu and merged.get(key) is not None:
+                cpu[key] = min(cpu[key], merged[key])
+        log(
+            "llmgym-train: no GPU found; using CPU-sized settings ("
+            + ", ".join(f"{k}={v}" for k, v in cpu.items())
+            + "). Override any of them on the command line."
+        )
+        merged.update(cpu)
+    merged.update({k: v for k, v in user_file.items() if k not in META_KEYS})
+    merged.update(explicit)
+    merged.update({k: v for k, v in sets.items() if k not in META_KEYS})
+    if not gpu and "per_device_train_batch_size" not in user_keys and merged.get("num_prompts"):
+        # one micro-batch per round: P x G rollouts, whatever P and G the user chose
+        merged["per_device_train_batch_size"] = int(merged["num_prompts"]) * int(
+            merged.get("num_generations", 8)
+        )
+    merged["env"] = env
+    merged.setdefault("output_dir", str(Path("runs") / f"{_short(str(env))}-{algo}"))
+    config = LLMGymGRPOConfig(**merged)
+    return config, {"model": model, "algo": algo, "resume": opts.resume}
+
+
+def _error(msg: str) -> int:
+    print(f"llmgym-train: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``llmgym-train``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if "-h" in argv or "--help" in argv:
+        build_parser().print_help()
+        return 0
+    from trainer.models import ModelError, check_model
+
+    try:
+        config, meta = resolve_config(argv)
+        check_model(str(meta["model"]))
+    except (ConfigError, ModelError, ValueError) as e:
+        return _error(str(e))
+    return run(config, meta)
+
+
+def run(config: Any, meta: dict[str, Any]) -> int:
+    """Load the model (the heavy part) and train; prints success before and after training."""
+    from trainer.algorithms import trainer_class
+    from trainer.models import ModelError, load_model_and_tokenizer
+
+    t0 = time.time()
+    try:
+        dtype = "float32" if config.use_cpu or not has_gpu() else "auto"
+        model, tokenizer = load_model_and_tokenizer(str(meta["model"]), dtype=dtype)
+        if config.chat_template:
+            tokenizer.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
+    except (ModelError, OSError) as e:
+        return _error(str(e))
+    cls = trainer_class(meta["algo"])
+    trainer = cls(model=model, args=config, processing_class=tokenizer)
+    is_main = trainer.accelerator.is_main_process
+    say = print if is_main else (lambda *a, **k: None)
+    say(
+        f"llmgym-train: {config.env} | model {meta['model']} | algo {meta['algo']} | "
+        f"{config.num_prompts_per_round} seeds x {config.num_generations} rollouts per round | "
+        f"output {config.output_dir}"
+    )
+    do_eval = config.eval_before_after and config.num_eval_seeds > 0
+    before = trainer.evaluate() if do_eval else {}
+    if before:
+        say(f"llmgym-train: before training: success {before.get('eval_env/success', float('nan')):.3f}")
+    resume: Any = None
+    if meta.get("resume"):
+        resume = True if meta["resume"] == "latest" else meta["resume"]
+    trainer.train(resume_from_checkpoint=resume)
+    after = trainer.evaluate() if do_eval else {}
+    trainer.save_model(str(Path(config.output_dir) / "final"))
+    if is_main:
+        last = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
+        summary = [f"llmgym-train: done in {time.time() - t0:.0f}s"]
+        if before and after:
+            summary.append(
+                f"success before {before.get('eval_env/success', float('nan')):.3f} -> "
+                f"after {after.get('eval_env/success', float('nan')):.3f}"
+            )
+        if last:
+            summary.append(
+                f"last train reward {last['reward']:.3f}, success {last.get('env/success', float('nan')):.3f}"
+            )
+        print(" | ".join(summary))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

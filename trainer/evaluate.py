@@ -1,0 +1,407 @@
+"""``llmgym-eval``: success rate, pass@k, turns and valid-action rate of a model on fixed seeds per environment.
+
+The model is a local transformers model (hub id, folder, or the offline alias ``smollm2``) played through one
+batched ``generate`` per turn, or a served model behind an OpenAI-compatible endpoint. Every episode is appended
+to ``episodes.jsonl`` (the :mod:`llm_gym.agent.records` format the viewer reads) as soon as its batch ends, so an
+interrupted run continues with ``--resume``; ``summary.json`` holds the metrics and a table is printed.
+
+    llmgym-eval --model smollm2 --env FrozenLake Sokoban --num-seeds 32 --samples-per-seed 4
+    llmgym-eval --endpoint http://localhost:8000/v1 --model Qwen/Qwen2.5-3B-Instruct --env Countdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_gym.agent.records import EpisodeRecord, iter_records, write_records
+
+DEFAULT_SEED_START = 10_000  # away from training seeds, which start at 0
+EPISODES_FILE = "episodes.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% for ``z=1.96``); ``(0, 1)`` when ``n == 0``."""
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if z <= 0:
+        raise ValueError(f"z must be > 0, got {z}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact bounds at the extremes (no rounding)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` succeeded: ``1 - C(n-c, k) / C(n, k)``."""
+    if not (0 <= c <= n) or k < 1:
+        raise ValueError(f"need 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per seed, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# ------------------------------------------------------------------------------------------------ envs, units
+def resolve_env_id(name: str) -> str:
+    """``FrozenLake`` / ``frozenlake`` / ``FrozenLake-v0`` / ``llmgym/FrozenLake-v0`` -> the registered id."""
+    from llm_gym.registration import list_envs
+
+    ids = list_envs()
+    if name in ids:
+        return name
+
+    def short(i: str) -> str:
+        return i.split("/", 1)[-1].lower()
+
+    key = name.strip().lower().removeprefix("llmgym/")
+    for i in ids:
+        s = short(i)
+        if key in (s, s.rsplit("-v", 1)[0]):
+            return i
+    shorts = ", ".join(i.split("/", 1)[-1].rsplit("-v", 1)[0] for i in ids)
+    raise ValueError(f"unknown environment {name!r}; choose from: {shorts} (or a full id such as {ids[0]})")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One episode to play: environment, reset seed and sample index (``n`` samples share a seed)."""
+
+    env_id: str
+    seed: int
+    sample: int
+
+
+def plan_units(env_ids: Sequence[str], seeds: Sequence[int], samples: int) -> list[Unit]:
+    return [Unit(e, s, k) for e in env_ids for s in seeds for k in range(samples)]
+
+
+def _unit_of(rec: EpisodeRecord) -> Unit | None:
+    sample = rec.meta.get("sample")
+    if rec.seed is None or not isinstance(sample, int):
+        return None
+    return Unit(rec.env_id, int(rec.seed), sample)
+
+
+def load_done(path: Path, fingerprint: dict[str, Any]) -> dict[Unit, EpisodeRecord]:
+    """Records already in ``path`` (for ``--resume``); refuses a file written with other settings."""
+    done: dict[Unit, EpisodeRecord] = {}
+    if not path.exists():
+        return done
+    for rec in iter_records(path):
+        unit = _unit_of(rec)
+        if unit is None:
+            continue
+        theirs = rec.meta.get("eval", {})
+        mine = {**fingerprint, "env_kwargs": theirs.get("env_kwargs")}
+        if theirs != mine:
+            diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+            raise ValueError(
+                f"{path} holds episodes evaluated with different settings ({', '.join(diff)}); "
+                "use another --output-dir or --overwrite"
+            )
+        done[unit] = rec
+    return done
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def summarize_env(records: Sequence[EpisodeRecord], ks: Iterable[int], z: float = 1.96) -> dict[str, Any]:
+    """Metrics for one environment's records: success (Wilson CI), pass@k over seeds, turns, valid actions."""
+    from llm_gym.agent.rollout import episode_metrics
+
+    n = len(records)
+    wins = sum(r.success for r in records)
+    lo, hi = wilson_interval(wins, n, z)
+    by_seed: dict[int, list[bool]] = {}
+    for r in records:
+        by_seed.setdefault(int(r.seed), []).append(r.success)
+    per_seed = min((len(v) for v in by_seed.values()), default=0)
+    pass_k = {}
+    for k in sorted(set(ks)):
+        if by_seed and k <= per_seed:
+            pass_k[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in by_seed.values()) / len(by_seed)
+    m = episode_metrics(records)
+    return {
+        "episodes": n,
+        "seeds": len(by_seed),
+        "samples_per_seed": per_seed,
+        "successes": wins,
+        "success_rate": wins / n if n else 0.0,
+        "success_ci": [lo, hi],
+        "ci_level": round(math.erf(z / math.sqrt(2)), 4),
+        **pass_k,
+        "mean_turns": m.get("turns", 0.0),
+        "valid_action_rate": m.get("valid_action_rate", 0.0),
+        "effective_action_rate": m.get("effective_action_rate", 0.0),
+        "mean_reward": m.get("episode_reward", 0.0),
+    }
+
+
+def format_table(per_env: dict[str, dict[str, Any]]) -> str:
+    """A fixed-width text table, one row per environment."""
+    ks = sorted({k for s in per_env.values() for k in s if k.startswith("pass@")}, key=lambda k: int(k[5:]))
+    head = ["env", "episodes", "success", "95% CI", *ks, "turns", "valid", "reward"]
+    rows = []
+    for env_id, s in per_env.items():
+        lo, hi = s["success_ci"]
+        rows.append(
+            [
+                env_id.split("/", 1)[-1],
+                str(s["episodes"]),
+                f"{s['success_rate']:.3f}",
+                f"[{lo:.3f}, {hi:.3f}]",
+                *(f"{s[k]:.3f}" if k in s else "-" for k in ks),
+                f"{s['mean_turns']:.2f}",
+                f"{s['valid_action_rate']:.3f}",
+                f"{s['mean_reward']:.3f}",
+            ]
+        )
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+# ------------------------------------------------------------------------------------------------ the run
+def evaluate(
+    policy: Any,
+    env_ids: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    samples: int = 1,
+    output: str | Path,
+    fingerprint: dict[str, Any],
+    env_kwargs: dict[str, Any] | None = None,
+    resume: bool = False,
+    batch_size: int = 32,
+    ks: Iterable[int] = (1,),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Play every (env, seed, sample) not yet in ``output`` in batches of ``batch_size`` episodes and summarise.
+
+    Each batch is one call to :func:`llm_gym.agent.rollout.rollout`, so the policy sees all active episodes of
+    the batch at once on every turn; the batch's records are appended to ``output`` when it ends.
+    """
+    from llm_gym.agent.rollout import rollout
+
+    if samples < 1 or batch_size < 1:
+        raise ValueError("samples and batch_size must be >= 1")
+    output = Path(output)
+    env_kwargs = dict(env_kwargs or {})
+    fp = dict(fingerprint)
+    done = load_done(output, fp) if resume else {}
+    if not resume and output.exists() and output.stat().st_size > 0:
+        raise ValueError(
+            f"{output} already has episodes; pass --resume to continue it or --overwrite to replace it"
+        )
+    units = plan_units(env_ids, seeds, samples)
+    todo = [u for u in units if u not in done]
+    bar = _progress(len(units), len(units) - len(todo), progress)
+    t0 = time.perf_counter()
+    played = 0
+    try:
+        for env_id in env_ids:
+            env_todo = [u for u in todo if u.env_id == env_id]
+            for start in range(0, len(env_todo), batch_size):
+                chunk = env_todo[start : start + batch_size]
+                meta = {"eval": {**fp, "env_kwargs": env_kwargs}}
+                records = rollout(env_id, [u.seed for u in chunk], policy, env_kwargs=env_kwargs, meta=meta)
+                for u, rec in zip(chunk, records):
+                    rec.meta.update(sample=u.sample, group=u.seed, group_index=u.sample)
+                    done[u] = rec
+                write_records(output, records)
+                played += len(records)
+                bar.update(len(records))
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    per_env = {e: summarize_env([done[u] for u in units if u.env_id == e], ks) for e in env_ids}
+    return {
+        "per_env": per_env,
+        "episodes_played": played,
+        "episodes_resumed": len(units) - len(todo),
+        "wall_seconds": elapsed,
+        "episodes_per_minute": 60.0 * played / elapsed if played and elapsed > 0 else None,
+    }
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(
+        total=total, initial=initial, unit="ep", desc="llmgym-eval", file=sys.stderr, dynamic_ncols=True
+    )
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmgym-eval",
+        description="Evaluate a model on llm-gym environments over fixed seeds (success rate with a Wilson "
+        "interval, pass@k, mean turns, valid-action rate). Episodes go to episodes.jsonl, metrics to summary.json.",
+    )
+    p.add_argument(
+        "--model", required=True, help="hub id, local folder or 'smollm2'; with --endpoint: the served name"
+    )
+    p.add_argument(
+        "--endpoint",
+        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) instead of a local model",
+    )
+    p.add_argument("--api-key", help="bearer token for --endpoint (default: $OPENAI_API_KEY)")
+    p.add_argument(
+        "--env", nargs="+", default=["FrozenLake"], help="short names (FrozenLake Sokoban ...) or ids"
+    )
+    p.add_argument(
+        "--env-kwargs", default="{}", help="JSON object passed to every gym.make, e.g. '{\"max_turns\": 5}'"
+    )
+    p.add_argument("--num-seeds", type=int, default=32, help="seeds per environment")
+    p.add_argument(
+        "--seed-start", type=int, default=DEFAULT_SEED_START, help="first reset seed (seeds are consecutive)"
+    )
+    p.add_argument("--samples-per-seed", "-n", type=int, default=1, help="episodes per seed (n for pass@k)")
+    p.add_argument("--k", type=int, nargs="+", help="pass@k values to report (default: 1 and n)")
+    p.add_argument(
+        "--temperature", type=float, default=0.5, help="sampling temperature (RAGEN-2 eval: 0.5; 0 = greedy)"
+    )
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=400, help="tokens per reply (RAGEN: 400)")
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="episodes played together (one generate per turn)"
+    )
+    p.add_argument("--concurrency", type=int, default=16, help="parallel requests with --endpoint")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request with --endpoint")
+    p.add_argument("--device", help="torch device for a local model (default: cuda if available, else cpu)")
+    p.add_argument(
+        "--dtype", default="auto", help="torch dtype for a local model (auto, float32, bfloat16, ...)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="torch sampling seed for a local model")
+    p.add_argument("--output-dir", default="llmgym_eval", help="where episodes.jsonl and summary.json go")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="skip episodes already in episodes.jsonl")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing episodes.jsonl")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[int]]:
+    if a.num_seeds < 1 or a.samples_per_seed < 1 or a.batch_size < 1 or a.seed_start < 0:
+        raise ValueError(
+            "--num-seeds, --samples-per-seed and --batch-size must be >= 1 and --seed-start >= 0"
+        )
+    try:
+        env_kwargs = json.loads(a.env_kwargs)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--env-kwargs is not valid JSON: {e}") from None
+    if not isinstance(env_kwargs, dict):
+        raise ValueError("--env-kwargs must be a JSON object")
+    env_ids = list(dict.fromkeys(resolve_env_id(e) for e in a.env))
+    ks = sorted(set(a.k or [1, a.samples_per_seed]))
+    if any(k < 1 or k > a.samples_per_seed for k in ks):
+        raise ValueError(
+            f"--k values must be between 1 and --samples-per-seed ({a.samples_per_seed}), got {ks}"
+        )
+    return env_ids, env_kwargs, ks
+
+
+def make_policy(a: argparse.Namespace) -> tuple[Any, str]:
+    """The policy for the parsed args and a printable model name; fails early on a bad endpoint or model."""
+    from trainer.policies import HFPolicy, OpenAIPolicy, SamplingParams
+
+    sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens)
+    if a.endpoint:
+        policy = OpenAIPolicy(
+            a.endpoint, a.model, sampling, api_key=a.api_key, timeout=a.timeout, concurrency=a.concurrency
+        )
+        policy.probe()
+        return policy, a.model
+    import torch
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(a.seed)
+    return HFPolicy.from_pretrained(
+        a.model, sampling, batch_size=a.batch_size, device=device, dtype=a.dtype
+    ), a.model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        env_ids, env_kwargs, ks = _check_args(args)
+        out_dir = Path(args.output_dir)
+        episodes = out_dir / EPISODES_FILE
+        if episodes.exists() and episodes.stat().st_size > 0 and not (args.resume or args.overwrite):
+            raise ValueError(f"{episodes} already has episodes; pass --resume to continue it or --overwrite")
+        policy, model_name = make_policy(args)
+        if args.overwrite and episodes.exists():
+            episodes.unlink()
+        fingerprint = {
+            "model": model_name,
+            "endpoint": args.endpoint,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "max_new_tokens": args.max_new_tokens,
+        }
+        seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
+        result = evaluate(
+            policy,
+            env_ids,
+            seeds,
+            samples=args.samples_per_seed,
+            output=episodes,
+            fingerprint=fingerprint,
+            env_kwargs=env_kwargs,
+            resume=args.resume,
+            batch_size=args.batch_size,
+            ks=ks,
+            progress=not args.no_progress,
+        )
+    except ValueError as e:  # includes ModelError and EndpointError
+        print(f"llmgym-eval: error: {e}", file=sys.stderr)
+        return 2
+    summary = {
+        **fingerprint,
+        "envs": result["per_env"],
+        "seeds": [seeds[0], seeds[-1]],
+        "samples_per_seed": args.samples_per_seed,
+        "env_kwargs": env_kwargs,
+        "episodes_file": str(episodes),
+        "episodes_played": result["episodes_played"],
+        "episodes_resumed": result["episodes_resumed"],
+        "wall_seconds": round(result["wall_seconds"], 3),
+        "episodes_per_minute": result["episodes_per_minute"],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(format_table(result["per_env"]))
+    print(f"episodes: {episodes}  summary: {out_dir / SUMMARY_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""Pure tensor functions for PPO on multi-turn token sequences: reward placement, GAE, whitening, value loss.
+
+Layout: one row per trajectory, ``T`` completion positions; ``mask[b, t] = 1`` marks a model (policy) token and
+``0`` marks environment tokens (observations, chat template) and padding. Environment tokens are *transparent*:
+GAE runs over the model tokens of a row as if they were consecutive, so the turn boundary is simply the next
+model token (RAGEN's token-level GAE with gamma = lambda = 1 by default). Values and advantages at non-model
+positions are 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_shapes(**tensors: torch.Tensor) -> tuple[int, int]:
+    shape = None
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(
+                f"{name} must be a 2-D (batch, tokens) tensor, got {getattr(t, 'shape', type(t))}"
+            )
+        if shape is None:
+            shape = tuple(t.shape)
+        elif tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    return shape  # type: ignore[return-value]
+
+
+def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each row's trajectory score on its last model token (RAGEN's default placement), 0 elsewhere.
+
+    Rows without any model token get no reward (there is no token to credit).
+    """
+    _check_shapes(mask=mask)
+    scores = torch.as_tensor(scores, dtype=torch.float32, device=mask.device).reshape(-1)
+    if scores.numel() != mask.size(0):
+        raise ValueError(f"got {scores.numel()} scores for {mask.size(0)} rows")
+    if not torch.isfinite(scores).all():
+        raise ValueError("scores must be finite")
+    m = mask.bool()
+    positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
+    last = torch.where(m, positions, torch.full_like(positions, -1)).max(dim=1).values
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = (last >= 0).nonzero(as_tuple=True)[0]
+    rewards[rows, last[rows]] = scores[rows]
+    return rewards
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over model tokens only.
+
+    For the model tokens ``t_1 < t_2 < ... < t_n`` of a row, with ``V(t_{n+1}) = 0`` (episode end)::
+
+        delta_k = r(t_k) + gamma * V(t_{k+1}) - V(t_k)
+        A(t_k)  = delta_k + gamma * lam * A(t_{k+1})
+        R(t_k)  = A(t_k) + V(t_k)                      (the value target)
+
+    Args:
+        rewards: (B, T) per-token rewards; must be 0 where ``mask`` is 0 (put them on a model token, e.g. with
+            :func:`last_token_rewards`).
+        values: (B, T) value estimates ``V(s_t)``; ignored where ``mask`` is 0.
+        mask: (B, T) 1 for model tokens, 0 for environment tokens and padding.
+        gamma: discount in [0, 1].
+        lam: GAE lambda in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) float32 and 0 outside the mask.
+    """
+    _check_shapes(rewards=rewards, values=values, mask=mask)
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    m = mask.bool()
+    rewards = rewards.float()
+    values = values.detach().float()
+    if (rewards[~m] != 0).any():
+        raise ValueError("rewards on non-model tokens would be lost: place them on a model token")
+    if not (torch.isfinite(rewards).all() and torch.isfinite(values[m]).all()):
+        raise ValueError("rewards and values must be finite on model tokens")
+    B, T = mask.shape
+    advantages = torch.zeros((B, T), dtype=torch.float32, device=mask.device)
+    next_value = torch.zeros(B, dtype=torch.float32, device=mask.device)
+    running = torch.zeros(B, dtype=torch.float32, device=mask.device)
+    # One reverse scan for all rows; at environment tokens the carry passes through unchanged.
+    for t in range(T - 1, -1, -1):
+        mt = m[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * running
+        advantages[:, t] = torch.where(mt, a, torch.zeros_like(a))
+        running = torch.where(mt, a, running)
+        next_value = torch.where(mt, values[:, t], next_value)
+    returns = torch.where(m, advantages + values, torch.zeros_like(advantages))
+    return advantages, returns
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries (unbiased std); 0 outside the mask.
+
+    With fewer than two masked entries there is no spread to normalise by: the result is centred only.
+    """
+    _check_shapes(x=x, mask=mask)
+    m = mask.bool()
+    out = torch.zeros_like(x, dtype=torch.float32)
+    n = int(m.sum())
+    if n == 0:
+        return out
+    vals = x[m].float()
+    centred = vals - vals.mean()
+    if n > 1:
+        centred = centred / (vals.std(unbiased=True) + eps)
+    out[m] = centred
+    return out
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None = 0.2,
+) -> torch.Tensor:
+    """PPO's clipped value loss: ``0.5 * masked_mean(max((V - R)^2, (V_clip - R)^2))``.
+
+    ``V_clip = V_old + clamp(V - V_old, -clip, clip)`` keeps the critic near the values seen at rollout time;
+    ``clip=None`` gives the plain squared error. Returns a scalar (0 when the mask is empty).
+    """
+    _check_shapes(values=values, old_values=old_values, returns=returns, mask=mask)
+    if clip is not None and not clip > 0:
+        raise ValueError(f"clip must be > 0 or None, got {clip}")
+    m = mask.to(values.dtype)
+    loss = (values - returns) ** 2
+    if clip is not None:
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+        loss = torch.maximum(loss, (v_clipped - returns) ** 2)
+    return 0.5 * (loss * m).sum() / m.sum().clamp(min=1.0)
+
+
+__all__ = ["clipped_value_loss", "gae", "last_token_rewards", "masked_whiten"]

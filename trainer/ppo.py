@@ -1,0 +1,269 @@
+"""``LLMGymPPOTrainer``: PPO with a critic on top of the GRPO trainer (TRL removed its own PPOTrainer in 1.13).
+
+Design (reference ``trl.md`` §3):
+
+- a value head ``v_head = Linear(hidden, 1)`` is attached to the policy's causal-LM module, so the Trainer's
+  optimizer, DDP and checkpoints see it; it gets its own optimizer parameter group with ``value_lr``;
+- a forward hook on the backbone turns the last hidden state into values during the loss forward TRL already
+  runs (no extra forward in the loss); one no-grad forward per generation round gives the rollout-time values;
+- the episode reward goes on the last model token, GAE (:mod:`trainer.gae`) runs over model tokens only
+  (environment tokens are transparent), and the whitened (B, T) advantages replace TRL's group advantages;
+  TRL's clipped surrogate, ``loss_type``, ``epsilon``/``epsilon_high``, ``num_iterations`` and KL all apply;
+- the clipped value loss times ``vf_coef`` is added to TRL's loss in :meth:`compute_loss`;
+- the value head is saved as ``value_head.safetensors`` next to the weights (and kept out of
+  ``save_pretrained``'s output), and restored on ``resume_from_checkpoint``;
+- with PEFT the hook goes on the base model's backbone and the value head stays trainable.
+
+The PPO scoring sits in :class:`_PPOScoring`, placed *between* ``LLMGymGRPOTrainer`` and TRL's ``GRPOTrainer``
+in the MRO, so the per-row PPO tensors exist before the SNR filter runs and are dropped or kept with their rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from trl import GRPOTrainer
+
+from trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
+from trainer.grpo import LLMGymGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+#: Keys of the per-row tensors PPO adds to a scored generation batch.
+OLD_VALUES, RETURNS = "ppo_old_values", "ppo_returns"
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers causal-LM module inside ``model`` (through PEFT and DDP/accelerate wrappers)."""
+    m = model
+    for _ in range(4):
+        if hasattr(m, "get_base_model"):  # PeftModel
+            m = m.get_base_model()
+        elif isinstance(getattr(m, "module", None), nn.Module):  # DDP and friends
+            m = m.module
+        else:
+            break
+    return m
+
+
+def backbone(lm: nn.Module) -> nn.Module:
+    """The decoder stack whose output is the last hidden state (``lm.model`` for Llama/Qwen-style models)."""
+    base = getattr(lm, "base_model", None)
+    if isinstance(base, nn.Module) and base is not lm:
+        return base
+    if hasattr(lm, "get_decoder"):
+        return lm.get_decoder()
+    raise ValueError(f"cannot find the backbone of {type(lm).__name__}; PPO needs a transformers causal LM")
+
+
+def attach_value_head(model: nn.Module, init_std: float = 1e-3) -> nn.Linear:
+    """Attach (or return the existing) ``v_head`` on the causal LM inside ``model``; kept out of save_pretrained."""
+    lm = causal_lm(model)
+    if isinstance(getattr(lm, "v_head", None), nn.Linear):
+        return lm.v_head
+    hidden = lm.config.get_text_config().hidden_size
+    ref = next(lm.parameters())
+    head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
+    nn.init.normal_(head.weight, std=init_std)
+    nn.init.zeros_(head.bias)
+    lm.v_head = head
+    ignore = set(getattr(lm, "_keys_to_ignore_on_save", None) or ())
+    lm._keys_to_ignore_on_save = ignore | {"v_head.weight", "v_head.bias"}
+    head.requires_grad_(True)
+    return head
+
+
+class _PPOScoring(GRPOTrainer):
+    """Adds rollout-time values, returns and GAE advantages to TRL's scored batch (training mode)."""
+
+    _v_head: nn.Linear
+    _value_buffer: list[torch.Tensor] | None = None
+
+    def _value_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._value_buffer is None:  # only while we ask for values (not in generate, ref or MI forwards)
+            return
+        hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        if self.args.value_detach_backbone:
+            hidden = hidden.detach()
+        head = self._v_head
+        self._value_buffer.append(head(hidden.to(head.weight.dtype)).squeeze(-1))
+
+    @contextlib.contextmanager
+    def _capturing_values(self) -> Iterator[list[torch.Tensor]]:
+        self._value_buffer = []
+        try:
+            yield self._value_buffer
+        finally:
+            self._value_buffer = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._ppo_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return out
+        return self._add_ppo_targets(out)
+
+    @torch.no_grad()
+    def _add_ppo_targets(self, out: dict) -> dict:
+        device = self.accelerator.device
+        n = out["prompt_ids"].size(0)
+        weighted = self._ppo_rewards_per_func * self.reward_weights.to(device).unsqueeze(0)
+        scores = weighted.nansum(dim=1)
+        start = self.accelerator.process_index * n  # rewards were gathered over processes, in rank order
+        scores = scores[start : start + n]
+        mask = _loss_mask(out)
+        values = self._rollout_values(out) * mask
+        rewards = last_token_rewards(scores, mask)
+        advantages, returns = gae(rewards, values, mask, gamma=self.args.gae_gamma, lam=self.args.gae_lambda)
+        if self.args.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        out["advantages"] = advantages.to(device)  # (B, T): TRL's loss takes token-level advantages as is
+        out[OLD_VALUES] = values.float()
+        out[RETURNS] = returns.to(device)
+        m = mask.bool()
+        if m.any():
+            metrics = self._metrics["train"]
+            metrics["ppo/value_mean"].append(values[m].mean().item())
+            metrics["ppo/return_mean"].append(returns[m].mean().item())
+            var_r = returns[m].var(unbiased=False)
+            if var_r > 1e-8:  # undefined when every return is the same
+                explained = 1.0 - (returns[m] - values[m]).var(unbiased=False) / var_r
+                metrics["ppo/explained_variance"].append(explained.item())
+        return out
+
+    def _rollout_values(self, out: dict) -> torch.Tensor:
+        """V(s_t) for every completion position from one no-grad forward (chunked like TRL's old log-probs)."""
+        P, C = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with self._capturing_values() as buf:
+            self._get_per_token_logps_and_entropies(
+                self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size
+            )
+        return _completion_values(buf, P, C).float()
+
+
+class LLMGymPPOTrainer(LLMGymGRPOTrainer, _PPOScoring):
+    """PPO with a value head and GAE over model tokens, on llm-gym's multi-turn rollouts.
+
+    Accepts everything :class:`trainer.grpo.LLMGymGRPOTrainer` does; the critic settings come from the config's
+    PPO fields (``vf_coef``, ``value_lr``, ``value_clip``, ``gae_gamma``, ``gae_lambda``, ``whiten_advantages``,
+    ``value_head_init_std``, ``value_detach_backbone``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
+        backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+
+    # ------------------------------------------------------------------------------------------ loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if RETURNS not in inputs:  # evaluation batches have no PPO targets
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with self._capturing_values() as buf:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        P, C = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
+        values = _completion_values(buf, P, C).float()
+        mask = _loss_mask(inputs)
+        vf_loss = clipped_value_loss(
+            values, inputs[OLD_VALUES], inputs[RETURNS], mask, clip=self.args.value_clip or None
+        )
+        mode = "train" if self.model.training else "eval"
+        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
+        with torch.no_grad():
+            m = mask.bool()
+            if self.args.value_clip and m.any():
+                clipped = ((values - inputs[OLD_VALUES]).abs() > self.args.value_clip)[m].float().mean()
+                self._metrics[mode]["ppo/value_clipfrac"].append(clipped.item())
+        self._metrics[mode]["ppo/value_loss"].append(vf_loss.item())
+        return loss + self.args.vf_coef * vf_loss.to(loss.dtype) / ga
+
+    # ------------------------------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None):
+        """TRL/Trainer's optimizer, with the value head moved into its own group at ``value_lr`` (no decay)."""
+        optimizer = super().create_optimizer(model)
+        head = list(self._v_head.parameters())
+        ids = {id(p) for p in head}
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) not in ids]
+        optimizer.add_param_group({"params": head, "lr": self.args.value_lr, "weight_decay": 0.0})
+        return optimizer
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if state_dict is not None:  # FSDP / DeepSpeed gathered the full state dict: take the head from it
+            head_sd = {k.rsplit("v_head.", 1)[1]: v for k, v in state_dict.items() if "v_head." in k}
+            state_dict = {k: v for k, v in state_dict.items() if "v_head." not in k}
+        else:
+            head_sd = {}
+        super()._save(output_dir, state_dict=state_dict)
+        if not self.args.should_save:
+            return
+        from safetensors.torch import save_file
+
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not head_sd:
+            head_sd = self._v_head.state_dict()
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in head_sd.items()}
+        save_file(tensors, os.path.join(output_dir, VALUE_HEAD_FILE), metadata={"format": "pt"})
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+        load_value_head(self._v_head, resume_from_checkpoint)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        # The value head is not in the policy weights by design; it comes from value_head.safetensors.
+        if hasattr(load_result, "_replace"):
+            missing = [k for k in load_result.missing_keys if "v_head." not in k]
+            load_result = load_result._replace(missing_keys=missing)
+        super()._issue_warnings_after_load(load_result)
+
+
+def load_value_head(head: nn.Linear, folder: str) -> bool:
+    """Load ``value_head.safetensors`` from ``folder`` into ``head``; False (with a warning) if absent."""
+    path = os.path.join(folder, VALUE_HEAD_FILE)
+    if not os.path.isfile(path):
+        logger.warning("%s has no %s: the value head starts from its initialisation", folder, VALUE_HEAD_FILE)
+        return False
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            if name not in tensors or tensors[name].shape != param.shape:
+                raise ValueError(
+                    f"{path} does not match the value head ({name}: expected {tuple(param.shape)})"
+                )
+            param.copy_(tensors[name].to(param.device, param.dtype))
+    return True
+
+
+def _loss_mask(batch: dict) -> torch.Tensor:
+    mask = batch["completion_mask"]
+    if "tool_mask" in batch:
+        mask = mask * batch["tool_mask"]
+    return mask
+
+
+def _completion_values(buf: list[torch.Tensor], P: int, C: int) -> torch.Tensor:
+    """Values of the states before each completion token: hidden position ``P - 1 + t`` for token ``t``."""
+    if not buf:
+        raise RuntimeError(
+            "the value hook captured nothing: the backbone forward did not run through the hook"
+        )
+    full = torch.cat(buf, dim=0)
+    return full[:, P - 1 : P - 1 + C]
+
+
+__all__ = ["VALUE_HEAD_FILE", "LLMGymPPOTrainer", "attach_value_head", "load_value_head"]

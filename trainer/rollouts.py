@@ -1,0 +1,476 @@
+"""Token-level multi-turn rollouts for training, returned through TRL's ``rollout_func`` contract.
+
+Each trajectory is ``prompt_ids`` (system + first state, rendered with the generation prompt) followed by
+``completion_ids`` = model tokens of turn 1, the end-of-turn token, the chat-template tokens of the next
+observation, model tokens of turn 2, ... ``env_mask`` is 1 on tokens the model sampled and 0 on everything the
+environment or the template contributed (observations, role headers, an end-of-turn token we had to add).
+Ids are concatenated, never re-tokenised from decoded text: the tokens between two model turns are the
+*difference* between the chat template rendered with ``k`` and with ``k + 1`` turns, which also handles templates
+whose generation prompt is not a plain prefix of the rendered assistant turn. If even that difference is not a
+prefix (a template that rewrites history, e.g. dropping earlier reasoning), :class:`ChatTemplateError` says so.
+
+All active environments of a turn are generated in one batch (left padding + attention mask). With several
+processes, every rank runs the same number of generation calls (finished ranks feed a dummy row) so that FSDP /
+ZeRO-3 forwards and vLLM server collectives stay in lockstep.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.agent.chat import ChatFormat, Conversation
+from llm_gym.agent.records import EpisodeRecord, TurnRecord
+from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+
+#: ``(contexts, max_new_tokens per row) -> (new token ids per row, sampler log-probs per row)``.
+GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[list[float]]]]
+
+_SEED_RE = re.compile(r'^\s*\{\s*"llmgym_seed"\s*:\s*(\d+)\s*\}\s*$')
+_SENTINEL = "XQZ_LLMGYM_SENTINEL_QZX"
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot be used for token-level multi-turn rollouts."""
+
+
+# ------------------------------------------------------------------------------------------- seeds in prompts
+def seed_prompt(seed: int) -> str:
+    """The dataset prompt that carries an environment seed (``rollout_func`` only receives prompts)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return json.dumps({"llmgym_seed": seed})
+
+
+def parse_seed_prompt(prompt: Any) -> int:
+    """Inverse of :func:`seed_prompt`."""
+    m = _SEED_RE.match(prompt) if isinstance(prompt, str) else None
+    if m is None:
+        raise ValueError(
+            f"expected a seed prompt like {seed_prompt(0)!r} (built by trainer.rollouts.seed_dataset), got {prompt!r}"
+        )
+    return int(m.group(1))
+
+
+def seed_dataset(seeds: Sequence[int]):
+    """A ``datasets.Dataset`` with one seed prompt per row, in order."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [seed_prompt(int(s)) for s in seeds]})
+
+
+# ----------------------------------------------------------------------------------------- chat template glue
+class ChatTemplateTokens:
+    """Token ids of prompts and of the template text between model turns, for one tokenizer.
+
+    On construction it renders a probe conversation to find the end-of-turn token that closes an assistant
+    message (``<|im_end|>``, ``<|eot_id|>``, ...) and the template text that follows it.
+    """
+
+    def __init__(self, tokenizer: Any):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; multi-turn rollouts need one (use an instruct model or "
+                "pass --chat_template FILE)"
+            )
+        self.tokenizer = tokenizer
+        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        prompt = self.render(probe, add_generation_prompt=True)
+        full = self.render([*probe, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
+        at = full.rfind(_SENTINEL)
+        if at < 0:
+            raise ChatTemplateError(
+                "the chat template drops assistant message content; cannot build trajectories"
+            )
+        tail = full[at + len(_SENTINEL) :]
+        tail_ids = self.encode(tail)
+        if not tail_ids or tail_ids[0] not in set(tokenizer.all_special_ids):
+            raise ChatTemplateError(
+                f"cannot find the end-of-turn token after an assistant message (template renders {tail!r}); "
+                "the template must close assistant turns with a special token such as <|im_end|> or <|eot_id|>"
+            )
+        self.end_of_turn_id: int = tail_ids[0]
+        self.end_of_turn_text: str = tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
+        #: Template text after the end-of-turn token of an assistant message (``"\n"`` for ChatML).
+        self.after_turn_text: str = (
+            tail[len(self.end_of_turn_text) :] if tail.startswith(self.end_of_turn_text) else ""
+        )
+        #: Whether the generation prompt is a plain prefix of a rendered assistant turn (informational).
+        self.prefix_preserving: bool = full.startswith(prompt)
+        eos = tokenizer.eos_token_id
+        self.stop_ids: list[int] = sorted({self.end_of_turn_id, *([eos] if eos is not None else [])})
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def between_turns_ids(self, history: list[dict], next_user: str) -> list[int]:
+        """Ids that follow the end-of-turn token of the last assistant message in ``history`` up to the next
+        generation prompt: ``render(history + user, gen) - render(history)``, plus the text after end-of-turn."""
+        before = self.render(history, add_generation_prompt=False)
+        after = self.render([*history, {"role": "user", "content": next_user}], add_generation_prompt=True)
+        if not after.startswith(before):
+            k = next(
+                (i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after))
+            )
+            raise ChatTemplateError(
+                "the chat template is not prefix-preserving: adding the next turn changes earlier text at "
+                f"character {k} ({before[k : k + 40]!r} -> {after[k : k + 40]!r}). Token-level multi-turn training "
+                "needs a template that leaves history unchanged; pass --chat_template with one that does."
+            )
+        return self.encode(self.after_turn_text + after[len(before) :])
+
+
+# ----------------------------------------------------------------------------------------------- the episodes
+@dataclass
+class TokenEpisode:
+    """One trajectory being built: ids, masks, per-turn spans and the env record."""
+
+    env: Any
+    conv: Conversation
+    seed: int
+    prompt_ids: list[int]
+    record: EpisodeRecord
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_spans: list[list[int]] = field(default_factory=list)
+    done: bool = False
+    stop_reason: str = ""
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def add(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
+        self.completion_ids.extend(int(i) for i in ids)
+        self.env_mask.extend([mask] * len(ids))
+        self.logprobs.extend(list(logprobs) if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def episode_reward(self) -> float:
+        return self.record.total_reward
+
+    @property
+    def success(self) -> bool:
+        return self.record.success
+
+
+def play_token_episodes(
+    env_id: str,
+    seeds: Sequence[int],
+    generate: GenerateFn,
+    template: ChatTemplateTokens,
+    *,
+    max_new_tokens: int,
+    max_completion_length: int,
+    env_kwargs: dict | None = None,
+    chat: ChatFormat | None = None,
+    lockstep: Callable[[int], int] | None = None,
+    meta: dict | None = None,
+    group_size: int = 1,
+    first_index: int = 0,
+) -> list[TokenEpisode]:
+    """Play one episode per entry of ``seeds`` with token-level bookkeeping, batching every turn.
+
+    Args:
+        generate: the policy backend (see :data:`GenerateFn`).
+        max_new_tokens: per-turn generation limit.
+        max_completion_length: budget for all completion tokens (model + environment); enforced here.
+        lockstep: maps this process's number of active rows to the maximum over processes (``None`` = one
+            process); ranks with fewer rows pad with dummy rows so every rank calls ``generate`` equally often.
+        group_size, first_index: used to record each sample's position in its group (``meta``).
+    """
+    chat = chat or ChatFormat()
+    if chat.history_window is not None:
+        raise ValueError("token-level rollouts train on the full history; history_window must be None")
+    if max_completion_length < 2:
+        raise ValueError("max_completion_length must be >= 2")
+    tok = template.tokenizer
+    env_kwargs = dict(env_kwargs or {})
+    episodes: list[TokenEpisode] = []
+    try:
+        for i, seed in enumerate(seeds):
+            env = make_env(env_id, env_kwargs)
+            obs, _ = env.reset(seed=int(seed))
+            conv = Conversation(env, chat)
+            conv.add_observation(obs)
+            rec = EpisodeRecord(
+                env_id=env_id,
+                seed=int(seed),
+                initial_observation=obs,
+                env_kwargs=env_kwargs,
+                instructions=getattr(env.unwrapped, "instructions", ""),
+                meta={**(meta or {}), "group_index": (first_index + i) % group_size},
+            )
+            episodes.append(TokenEpisode(env, conv, int(seed), template.prompt_ids(conv.messages()), rec))
+
+        for _turn in range(MAX_TURNS_GUARD):
+            active = [e for e in episodes if not e.done]
+            n_rows = lockstep(len(active)) if lockstep is not None else len(active)
+            if n_rows == 0:
+                break
+            budgets = [min(max_new_tokens, max_completion_length - len(e.completion_ids) - 1) for e in active]
+            contexts = [e.context for e in active]
+            if len(active) < n_rows:  # dummy rows keep ranks in lockstep; their output is discarded
+                dummy = episodes[0].prompt_ids if episodes else [tok.eos_token_id or 0]
+                contexts += [dummy] * (n_rows - len(active))
+                budgets += [1] * (n_rows - len(active))
+            new_ids, new_lps = generate(contexts, budgets)
+            for e, ids, lps, budget in zip(active, new_ids, new_lps, budgets):
+                _finish_turn(
+                    e,
+                    list(ids)[: max(budget, 0)],
+                    list(lps)[: max(budget, 0)],
+                    template,
+                    max_completion_length,
+                )
+    finally:
+        for e in episodes:
+            e.env.close()
+    return episodes
+
+
+def _finish_turn(
+    e: TokenEpisode,
+    ids: list[int],
+    lps: list[float],
+    template: ChatTemplateTokens,
+    max_completion_length: int,
+) -> None:
+    """Append one model turn (cut at the first stop token), step the env, append the next observation."""
+    stop = set(template.stop_ids)
+    cut = next((k + 1 for k, t in enumerate(ids) if t in stop), None)
+    if cut is not None:
+        ids, lps = ids[:cut], lps[:cut]
+    start = len(e.completion_ids)
+    e.add(ids, 1, lps)
+    e.turn_spans.append([start, len(e.completion_ids)])
+    if not ids or ids[-1] != template.end_of_turn_id:
+        e.add([template.end_of_turn_id], 0)  # close the turn ourselves: not sampled, so no loss on it
+    text = template.tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+    obs, reward, terminated, truncated, info = e.env.step(text)
+    e.conv.add_reply(text)
+    e.record.turns.append(
+        TurnRecord(
+            response=text,
+            observation=obs,
+            reward=float(reward),
+            actions=list(info.get("actions", [])),
+            reward_components=dict(info.get("reward_components", {})),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+        )
+    )
+    if terminated or truncated:
+        e.done, e.stop_reason = True, "terminated" if terminated else "truncated"
+        return
+    history = e.conv.messages(window=None)
+    user = e.conv.add_observation(obs, reward=float(reward), info=info)
+    between = template.between_turns_ids(history, user)
+    # Room for the observation, at least one model token and an end-of-turn token.
+    if len(e.completion_ids) + len(between) + 2 > max_completion_length:
+        e.done, e.stop_reason = True, "budget"
+        return
+    e.add(between, 0)
+
+
+# ------------------------------------------------------------------------------------------ generation backends
+class HFGenerate:
+    """Batched ``model.generate`` with left padding; returns new ids and zero log-probs (TRL needs sampler
+    log-probs only for vLLM importance sampling)."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, generation_config: Any, stop_ids: Sequence[int], device: Any
+    ):
+        self.model = model
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        self.generation_config = copy.deepcopy(generation_config)
+        self.generation_config.eos_token_id = list(stop_ids)
+        self.generation_config.pad_token_id = self.pad_id
+        self.device = device
+
+    def __call__(
+        self, contexts: list[list[int]], budgets: list[int]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        import torch
+
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
+            attn[i, width - len(c) :] = 1
+        cfg = copy.copy(self.generation_config)
+        cfg.max_new_tokens = max(1, max(budgets))
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=attn.to(self.device), generation_config=cfg
+            )
+        new = out[:, width:].tolist()
+        return new, [[0.0] * len(row) for row in new]
+
+
+class VLLMGenerate:
+    """Generation through TRL's ``trainer.vllm_generation`` (colocate or server). Untested here (no vLLM)."""
+
+    def __init__(self, vllm_generation: Any):
+        self.vllm = vllm_generation
+
+    def __call__(
+        self, contexts: list[list[int]], budgets: list[int]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        saved = self.vllm.max_completion_length
+        self.vllm.max_completion_length = max(1, max(budgets))
+        try:
+            # num_generations=1: every row is its own request, so server-mode de-duplication never merges rows.
+            _, completion_ids, logprobs, _ = self.vllm.generate(
+                prompts=contexts, images=None, num_generations=1
+            )
+        finally:
+            self.vllm.max_completion_length = saved
+        lps = [[(lp[0] if lp and lp[0] is not None else 0.0) for lp in row] for row in logprobs]
+        return [list(r) for r in completion_ids], lps
+
+
+# -------------------------------------------------------------------------------------------- rollout_func
+def _lockstep_fn(accelerator: Any) -> Callable[[int], int] | None:
+    if accelerator is None or accelerator.num_processes <= 1:
+        return None
+    import torch
+
+    def sync(n: int) -> int:
+        t = torch.tensor([n], device=accelerator.device)
+        return int(accelerator.gather(t).max().item())
+
+    return sync
+
+
+class EnvRolloutFunc:
+    """``rollout_func`` for ``GRPOTrainer``: seed prompts in, multi-turn token trajectories out.
+
+    Returns ``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask`` and the extra fields ``env_reward``,
+    ``env_success`` and ``env_turns`` (forwarded by TRL to the reward functions). The per-sample extras the other
+    trainer parts need (``turn_spans``, ``seed``, ``group_index``, ...) are stashed as ``trainer._last_rollout``
+    and the episode records as ``trainer._last_records``.
+    """
+
+    def __init__(self, args: Any, tokenizer: Any):
+        self.args = args
+        self.template = ChatTemplateTokens(tokenizer)
+
+    def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
+        import torch
+
+        args = self.args
+        training = bool(trainer.model.training)
+        seeds = [parse_seed_prompt(p) for p in prompts]
+        accelerator = getattr(trainer, "accelerator", None)
+        group_size = trainer.num_generations if training else (trainer.num_generations_eval or 1)
+        first_index = (accelerator.process_index if accelerator is not None else 0) * len(prompts)
+        lockstep = _lockstep_fn(accelerator)
+        max_len = trainer.max_completion_length
+        meta = {"step": int(trainer.state.global_step), "mode": "train" if training else "eval"}
+        kwargs = dict(
+            max_new_tokens=args.max_new_tokens,
+            max_completion_length=max_len,
+            env_kwargs=args.make_env_kwargs(),
+            chat=args.chat_format(training=True),
+            lockstep=lockstep,
+            meta=meta,
+            group_size=group_size,
+            first_index=first_index,
+        )
+        if getattr(trainer, "use_vllm", False):
+            if not training:
+                # eval temperature: vLLM reads trainer.vllm_generation.temperature at call time
+                trainer.vllm_generation.temperature, saved_t = (
+                    args.eval_temperature,
+                    trainer.vllm_generation.temperature,
+                )
+            try:
+                episodes = play_token_episodes(
+                    args.env, seeds, VLLMGenerate(trainer.vllm_generation), self.template, **kwargs
+                )
+            finally:
+                if not training:
+                    trainer.vllm_generation.temperature = saved_t
+        else:
+            from trl.models import unwrap_model_for_generation
+
+            gen_cfg = copy.deepcopy(trainer.generation_config)
+            if not training:
+                if args.eval_temperature > 0:
+                    gen_cfg.temperature, gen_cfg.do_sample = args.eval_temperature, True
+                else:
+                    gen_cfg.do_sample = False
+            ctx = getattr(trainer, "_dist", None)
+            with (
+                unwrap_model_for_generation(
+                    trainer.model_wrapped,
+                    trainer.accelerator,
+                    gather_deepspeed3_params=args.ds3_gather_for_generation,
+                    generation_kwargs=trainer.generation_kwargs,
+                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+                ) as model,
+                torch.no_grad(),
+                ctx.summon_full_params(trainer.model_wrapped, recurse=False)
+                if ctx is not None
+                else nullcontext(),
+            ):
+                gen = HFGenerate(
+                    model, self.template.tokenizer, gen_cfg, self.template.stop_ids, accelerator.device
+                )
+                episodes = play_token_episodes(args.env, seeds, gen, self.template, **kwargs)
+        return rollout_output(episodes, trainer)
+
+
+def rollout_output(episodes: list[TokenEpisode], trainer: Any | None = None) -> dict[str, list]:
+    """The ``rollout_func`` dict for ``episodes``; also stashes ``_last_rollout`` / ``_last_records`` on
+    ``trainer`` when given."""
+    out = {
+        "prompt_ids": [e.prompt_ids for e in episodes],
+        "completion_ids": [e.completion_ids for e in episodes],
+        "logprobs": [e.logprobs for e in episodes],
+        "env_mask": [e.env_mask for e in episodes],
+        "env_reward": [e.episode_reward for e in episodes],
+        "env_success": [float(e.success) for e in episodes],
+        "env_turns": [len(e.record.turns) for e in episodes],
+    }
+    if trainer is not None:
+        trainer._last_rollout = {
+            "turn_spans": [e.turn_spans for e in episodes],
+            "episode_reward": out["env_reward"],
+            "success": [e.success for e in episodes],
+            "seed": [e.seed for e in episodes],
+            "group_index": [e.record.meta.get("group_index", 0) for e in episodes],
+            "turns": out["env_turns"],
+            "valid_action_rate": [_rate(e, "action_is_valid") for e in episodes],
+            "effective_action_rate": [_rate(e, "action_is_effective") for e in episodes],
+            "stop_reason": [e.stop_reason for e in episodes],
+        }
+        trainer._last_records = [e.record for e in episodes]
+    return out
+
+
+def _rate(e: TokenEpisode, key: str) -> float:
+    turns = e.record.turns
+    return sum(bool(t.info.get(key, False)) for t in turns) / len(turns) if turns else 0.0
+
+
+def env_reward(completions: list, env_reward: list[float], **_: Any) -> list[float]:
+    """Reward function for TRL: the episode reward computed during the rollout (sum of turn rewards)."""
+    return [float(r) for r in env_reward]

@@ -1,0 +1,249 @@
+"""SNR-aware group filtering (RAGEN-2): pure functions from per-group rewards to the groups kept.
+
+A group is the G rollouts of one prompt (one env seed). Its score is the spread of its episode
+rewards; groups with little spread carry little task gradient and mostly regulariser noise, so the
+filter keeps the high-spread groups and skips the update when nothing carries signal.
+
+Strategies (``select_groups``):
+
+* ``top_p``: RAGEN-2's rule. Sort scores descending and keep the smallest prefix whose cumulative
+  score reaches ``value * total - eps``; when ``value * total <= eps`` the batch is rejected.
+* ``top_k``: keep ``max(1, floor(value * num_groups))`` best groups.
+* ``min_p``: keep groups with ``score >= value * max_score``.
+* ``softmax_top_p``: RAGEN's older rule: nucleus sampling cut on ``softmax(scores)``.
+* ``off``: keep every group, never skip.
+
+With ``include_zero=False`` zero-score groups are never candidates, so an all-zero batch is
+skipped by every strategy except ``off``. Ties are broken by group index (earlier first), so the
+result is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "off")
+METRICS = ("variance", "std")
+ZERO_TOL = 1e-10  # a group score at or below this counts as zero signal (RAGEN uses the same bound)
+
+
+def episode_rewards(rewards_per_func: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Weighted sum over reward functions per sample; NaN where every function returned NaN.
+
+    Mirrors TRL, which treats a row whose functions all returned ``None`` as unscorable.
+    """
+    r = np.asarray(rewards_per_func, dtype=np.float64)
+    if r.ndim == 1:
+        r = r[:, None]
+    if r.ndim != 2:
+        raise ValueError(f"rewards_per_func must be 1-D or 2-D, got shape {r.shape}")
+    w = np.ones(r.shape[1]) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (r.shape[1],):
+        raise ValueError(f"weights shape {w.shape} does not match {r.shape[1]} reward functions")
+    all_nan = np.isnan(r).all(axis=1)
+    total = np.nansum(r * w, axis=1)
+    total[all_nan] = np.nan
+    return total
+
+
+def group_scores(rewards: np.ndarray, num_generations: int, metric: str = "variance") -> np.ndarray:
+    """Per-group spread of rewards laid out group-contiguously (``num_groups * G`` samples).
+
+    The unbiased sample variance (``metric="variance"``, the paper) or its square root
+    (``"std"``, RAGEN's code). NaN rewards (unscorable samples) are left out of their group; a
+    group with fewer than two finite rewards scores 0 (no signal). Infinite rewards raise.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be >= 2 to measure a group's spread, got {num_generations}")
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if r.size % num_generations:
+        raise ValueError(f"{r.size} rewards is not a multiple of num_generations={num_generations}")
+    if np.isinf(r).any():
+        raise ValueError("rewards contain inf; a finite reward (or NaN for unscorable) is required")
+    groups = r.reshape(-1, num_generations)
+    finite = ~np.isnan(groups)
+    n = finite.sum(axis=1)
+    safe = np.where(finite, groups, 0.0)
+    mean = safe.sum(axis=1) / np.maximum(n, 1)
+    sq = (np.where(finite, groups - mean[:, None], 0.0) ** 2).sum(axis=1)
+    var = np.where(n >= 2, sq / np.maximum(n - 1, 1), 0.0)
+    return np.sqrt(var) if metric == "std" else var
+
+
+def _order(scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Candidate indices sorted by score descending, ties by index ascending."""
+    return idx[np.lexsort((idx, -scores[idx]))]
+
+
+def select_groups(
+    scores: np.ndarray,
+    strategy: str = "top_p",
+    value: float = 0.9,
+    include_zero: bool = False,
+    eps: float = 0.01,
+) -> np.ndarray:
+    """Boolean keep-mask over groups. An all-False mask means: skip this update."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    validate_filter(strategy, value, eps)
+    if np.isnan(s).any() or (s < 0).any():
+        raise ValueError("group scores must be finite and non-negative")
+    keep = np.zeros(s.size, dtype=bool)
+    if strategy == "off":
+        keep[:] = True
+        return keep
+    cand = np.arange(s.size) if include_zero else np.flatnonzero(s > ZERO_TOL)
+    if cand.size == 0:
+        return keep
+    order = _order(s, cand)
+    if strategy == "top_p":
+        total = s[cand].sum()
+        if value * total <= eps:
+            return keep  # the threshold cannot be reached: no signal in this batch
+        cum = np.cumsum(s[order])
+        k = int(np.searchsorted(cum, value * total - eps, side="left")) + 1
+        keep[order[: min(k, order.size)]] = True
+    elif strategy == "top_k":
+        k = max(1, int(np.floor(value * s.size + 1e-9)))
+        keep[order[:k]] = True
+    elif strategy == "min_p":
+        keep[cand[s[cand] >= value * s[cand].max() - ZERO_TOL]] = True
+    elif strategy == "softmax_top_p":
+        z = s[order] - s[order].max()
+        probs = np.exp(z) / np.exp(z).sum()
+        k = int(np.searchsorted(np.cumsum(probs), value - 1e-12, side="left")) + 1
+        keep[order[: min(k, order.size)]] = True
+    return keep
+
+
+def validate_filter(strategy: str, value: float, eps: float) -> None:
+    """Raise ValueError for an unknown strategy or an out-of-range value."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"filter strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if strategy == "off":
+        return
+    if strategy == "min_p":
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"min_p filter value must be in [0, 1], got {value}")
+    elif not 0.0 < value <= 1.0:
+        raise ValueError(f"{strategy} filter value must be in (0, 1], got {value}")
+    if not eps >= 0.0:
+        raise ValueError(f"filter eps must be >= 0, got {eps}")
+
+
+def loss_scale(kept_ratio: float, mode: str) -> float:
+    """Advantage multiplier for the kept-group ratio: ``none`` 1, ``linear`` ratio, ``sqrt`` sqrt(ratio)."""
+    if mode == "none":
+        return 1.0
+    if mode == "linear":
+        return float(kept_ratio)
+    if mode == "sqrt":
+        return float(np.sqrt(kept_ratio))
+    raise ValueError(f"loss scaling must be none, linear or sqrt, got {mode!r}")
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    """What the filter decided for one generation batch."""
+
+    keep_groups: np.ndarray  # (num_groups,) bool
+    scores: np.ndarray  # (num_groups,) the ranking statistic
+    variances: np.ndarray  # (num_groups,) unbiased reward variance, for logging
+
+    @property
+    def skip(self) -> bool:
+        return not bool(self.keep_groups.any())
+
+    @property
+    def kept_frac(self) -> float:
+        return float(self.keep_groups.mean()) if self.keep_groups.size else 0.0
+
+    def keep_rows(self, num_generations: int) -> np.ndarray:
+        """Per-sample keep mask (groups are contiguous)."""
+        return np.repeat(self.keep_groups, num_generations)
+
+
+def decide(
+    rewards: np.ndarray,
+    num_generations: int,
+    strategy: str = "top_p",
+    value: float = 0.9,
+    include_zero: bool = False,
+    eps: float = 0.01,
+    metric: str = "variance",
+) -> FilterDecision:
+    """Score the groups of one batch of episode rewards and select the ones to train on."""
+    variances = group_scores(rewards, num_generations, "variance")
+    scores = variances if metric == "variance" else group_scores(rewards, num_generations, metric)
+    keep = select_groups(scores, strategy, value, include_zero, eps)
+    return FilterDecision(keep_groups=keep, scores=scores, variances=variances)
+
+
+# Keys whose first dimension is not the sample axis (images are packed per image/patch).
+_NON_ROW_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes")
+
+
+def select_rows(batch: dict, keep: torch.Tensor, multiple: int = 1) -> tuple[dict, int]:
+    """Physically keep only the rows of ``batch`` where ``keep`` is True.
+
+    Every tensor (or list) whose first dimension is the batch size is row-selected, 0-d tensors
+    (``num_items_in_batch``) pass through. The result has ``max(multiple, ceil(kept/multiple) *
+    multiple)`` rows so TRL's ``split_tensor_dict`` into ``multiple`` micro-batches neither drops
+    rows nor produces an empty one; padding rows copy a kept row (or row 0 when nothing is kept)
+    with ``tool_mask`` and ``advantages`` zeroed, so they add no loss and no gradient.
+    Returns ``(new_batch, num_padding_rows)``. ``num_items_in_batch`` is NOT recomputed here.
+    """
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    present = [k for k in _NON_ROW_KEYS if batch.get(k) is not None]
+    if present:
+        raise ValueError(
+            f"row removal does not support multimodal batches (found {present}); use filter_drop='mask'"
+        )
+    n = batch["completion_ids"].shape[0]
+    keep = torch.as_tensor(keep, dtype=torch.bool).reshape(-1).cpu()
+    if keep.numel() != n:
+        raise ValueError(f"keep mask has {keep.numel()} entries for a batch of {n} rows")
+    kept = torch.nonzero(keep).reshape(-1)
+    target = max(multiple, -(-kept.numel() // multiple) * multiple)
+    n_pad = target - kept.numel()
+    src = kept[:1] if kept.numel() else torch.zeros(1, dtype=torch.long)
+    index = torch.cat([kept, src.repeat(n_pad)])
+    out: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
+            out[key] = value[index.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            out[key] = [value[i] for i in index.tolist()]
+        else:
+            out[key] = value
+    if n_pad:
+        if out.get("tool_mask") is None:
+            out["tool_mask"] = torch.ones_like(out["completion_mask"])
+        else:
+            out["tool_mask"] = out["tool_mask"].clone()
+        out["tool_mask"][kept.numel() :] = 0
+        out["advantages"] = out["advantages"].clone()
+        out["advantages"][kept.numel() :] = 0
+    return out, n_pad
+
+
+def mask_rows(batch: dict, keep: torch.Tensor) -> dict:
+    """Soft drop: zero the loss mask and advantages of dropped rows, keeping every shape.
+
+    Costs the full forward/backward; kept for multimodal batches and as the benchmark reference.
+    """
+    keep = torch.as_tensor(keep, dtype=torch.bool).reshape(-1)
+    out = dict(batch)
+    cm = out["completion_mask"]
+    tm = out.get("tool_mask")
+    tm = torch.ones_like(cm) if tm is None else tm
+    out["tool_mask"] = tm * keep.to(tm.device, tm.dtype).unsqueeze(1)
+    adv = out["advantages"]
+    k = keep.to(adv.device, adv.dtype)
+    out["advantages"] = adv * (k.unsqueeze(1) if adv.ndim == 2 else k)
+    return out
