@@ -53,17 +53,24 @@ def main() -> None:
         results["theirs"].append(run(theirs, ints, args.steps))
         results["ours"].append(run(ours, texts, args.steps))
     rows = {}
-    for name, label in (("theirs", "gymnasium FrozenLake-v1 (int action)"), ("ours", "llmgym/FrozenLake-v0 (text)")):
+    for name, label in (
+        ("theirs", "gymnasium FrozenLake-v1 (int action)"),
+        ("ours", "llmgym/FrozenLake-v0 (text)"),
+    ):
         step_s = min(r[0] for r in results[name])
         best = min(results[name], key=lambda r: r[1] / max(r[2], 1))
         reset_us = 1e6 * best[1] / max(best[2], 1)
         rows[name] = (step_s, reset_us)
-        print(f"{label:40s} {args.steps / step_s:10,.0f} steps/s  {1e6 * step_s / args.steps:6.2f} us/step"
-              f"  reset {reset_us:6.1f} us")
+        print(
+            f"{label:40s} {args.steps / step_s:10,.0f} steps/s  {1e6 * step_s / args.steps:6.2f} us/step"
+            f"  reset {reset_us:6.1f} us"
+        )
     ratio = rows["ours"][0] / rows["theirs"][0]
     print(f"step cost ratio ours/gymnasium: {ratio:.2f}x  (target <= 2.00x)")
-    print(f"reset cost ratio ours/gymnasium: {rows['ours'][1] / rows['theirs'][1]:.2f}x  "
-          "(ours draws a new random map with a path check; theirs reuses a fixed map)")
+    print(
+        f"reset cost ratio ours/gymnasium: {rows['ours'][1] / rows['theirs'][1]:.2f}x  "
+        "(ours draws a new random map with a path check; theirs reuses a fixed map)"
+    )
 
 
 if __name__ == "__main__":

@@ -185,3 +185,15 @@ def test_group_seeds_follow_ragen():
     assert group_seeds(10000, 3, 8)[0] == 10024
     with pytest.raises(ValueError):
         group_seeds(0, -1, 8)
+
+
+def test_one_shot_example_comes_from_a_fixed_other_seed(env):
+    conv = Conversation(env, ChatFormat(one_shot=True))
+    conv.add_observation(env.unwrapped._observation())
+    msgs = conv.messages()
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[2]["content"] == env.unwrapped.example_response()
+    assert msgs[1]["content"].startswith("Turn 1:") and "State:" in msgs[1]["content"]
+    again = Conversation(env, ChatFormat(one_shot=True))
+    assert again.example == conv.example  # deterministic demonstration
+    assert len(Conversation(env).messages()) == 1  # off by default

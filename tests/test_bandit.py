@@ -51,7 +51,9 @@ def test_invalid_answer_costs_penalty_and_ends_single_turn_episode():
 
 
 def test_reward_overrides_and_custom_pairs():
-    env = gym.make("llmgym/Bandit-v0", rewards={"low_risk": 0.15}, arm_pairs=[("Phoenix", "Dragon")], max_turns=2)
+    env = gym.make(
+        "llmgym/Bandit-v0", rewards={"low_risk": 0.15}, arm_pairs=[("Phoenix", "Dragon")], max_turns=2
+    )
     env.reset(seed=0)
     _, r, term, _, _ = env.step("junk")
     assert r == pytest.approx(-0.1) and not term  # a second answer is allowed

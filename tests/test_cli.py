@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +168,50 @@ def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):
     assert (out / "episodes.jsonl").is_file()
     assert main([*common, "--max_steps", "2", "--resume"]) == 0
     assert (out / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_two_process_ddp_run_gathers_records_and_keeps_ranks_in_lockstep(tiny_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): seeds are split by rank, generation stays in lockstep, records and
+    metrics are gathered."""
+    from llm_gym.agent.records import read_records
+
+    out = tmp_path / "ddp"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "trainer.cli",
+        "--env",
+        "FrozenLake",
+        "--model",
+        tiny_dir,
+        "--max_steps",
+        "2",
+        "--output_dir",
+        str(out),
+        "--num_eval_seeds",
+        "6",
+        "--per_device_eval_batch_size",
+        "3",
+        "--disable_tqdm",
+        "True",
+        "--num_prompts",
+        "2",
+        "--num_generations",
+        "4",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_turns",
+        "3",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("success before") == 1  # printed by the main process only
+    seen = Counter((r.meta["mode"], r.meta["step"], r.seed) for r in read_records(out / "episodes.jsonl"))
+    assert seen[("train", 0, 10000)] == 4 and seen[("train", 0, 10001)] == 4
+    assert seen[("train", 1, 10002)] == 4 and seen[("train", 1, 10003)] == 4
+    assert all(seen[("eval", 0, s)] == 1 for s in range(123, 129))

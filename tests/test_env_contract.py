@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from tests._envs import ALL_IDS, make_kwargs
 
-REQUIRED_INFO = {"success", "action_is_valid", "action_is_effective", "actions", "reward_components", "turn", "error"}
+REQUIRED_INFO = {
+    "success",
+    "action_is_valid",
+    "action_is_effective",
+    "actions",
+    "reward_components",
+    "turn",
+    "error",
+}
 
 
 @pytest.mark.parametrize("env_id", ALL_IDS)
@@ -60,7 +68,11 @@ def _episode_in_subprocess(env_id: str, seed: int, hashseed: str) -> list:
     env = dict(os.environ, PYTHONHASHSEED=hashseed)
     out = subprocess.run(
         [sys.executable, "-c", EPISODE_SCRIPT, env_id, str(seed)],
-        capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)), check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        check=True,
     )
     return json.loads(out.stdout)
 
@@ -111,15 +123,19 @@ def test_instructions_describe_the_format(env_id):
 
 @pytest.mark.parametrize("env_id", ALL_IDS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.one_of(
-    st.text(max_size=200),
-    st.lists(
-        st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "||", "Up", "left", "x", " ", "\x00"]),
-        max_size=30,
-    ).map("".join),
-    st.just(""),
-    st.just("x" * 20000),
-))
+@given(
+    text=st.one_of(
+        st.text(max_size=200),
+        st.lists(
+            st.sampled_from(
+                ["<think>", "</think>", "<answer>", "</answer>", "||", "Up", "left", "x", " ", "\x00"]
+            ),
+            max_size=30,
+        ).map("".join),
+        st.just(""),
+        st.just("x" * 20000),
+    )
+)
 def test_any_text_never_raises_and_invalid_keeps_state(env_id, text):
     env = gym.make(env_id, **make_kwargs(env_id))
     before, _ = env.reset(seed=1)

@@ -116,8 +116,16 @@ def test_coordinate_observation():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"size": 1}, {"p": 0.0}, {"p": 2}, {"success_rate": -0.1}, {"observation_format": "xml"}, {"max_turns": 0},
-     {"max_actions_per_turn": 1.5}, {"render_mode": "svg"}],
+    [
+        {"size": 1},
+        {"p": 0.0},
+        {"p": 2},
+        {"success_rate": -0.1},
+        {"observation_format": "xml"},
+        {"max_turns": 0},
+        {"max_actions_per_turn": 1.5},
+        {"render_mode": "svg"},
+    ],
 )
 def test_bad_arguments_are_clear_errors(kwargs):
     with pytest.raises(ValueError):

@@ -30,7 +30,7 @@ def answer(text: str) -> str:
     [
         ("llmgym/MetaMathQA-v0", {"dataset": "sample"}),
         ("llmgym/MetaMathQASample-v0", {}),
-        ("llmgym/MetaMathQARetry-v0", {"dataset": "sample"}),
+        ("llmgym/MetaMathQA-v0", {"dataset": "sample", "max_attempts": 3}),
     ],
 )
 def test_check_env(env_id, kwargs):

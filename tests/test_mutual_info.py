@@ -9,7 +9,9 @@ import torch
 from trainer.mutual_info import (
     EmaState,
     Episode,
+    cached_forwards,
     cross_score,
+    cross_score_cached,
     mi_from_scores,
     num_chunks,
     reasoning_span,
@@ -207,3 +209,17 @@ def test_cross_score_pads_forward_count_for_lockstep(tiny_lm):
     calls.clear()
     cross_score(_logps_fn(tiny_lm, calls), [], [], pad_id=0, batch_size=4, min_chunks=2)
     assert len(calls) == 2
+
+
+def test_cached_scorer_matches_the_padded_scorer(tiny_lm):
+    contexts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]]
+    reasonings = [[10, 11], [12, 13, 14, 15], [16], [17, 18, 19]]
+    calls: list[int] = []
+    padded = cross_score(_logps_fn(tiny_lm, calls), contexts, reasonings, pad_id=0, batch_size=5)
+    cached, forwards = cross_score_cached(tiny_lm, contexts, reasonings, batch_size=2)
+    np.testing.assert_allclose(cached, padded, atol=1e-4)
+    assert forwards <= cached_forwards(contexts, len(reasonings), 2)
+    _, padded_forwards = cross_score_cached(tiny_lm, contexts, reasonings, batch_size=2, min_forwards=20)
+    assert padded_forwards == 20
+    hot, _ = cross_score_cached(tiny_lm, contexts, reasonings, temperature=2.0)
+    assert not np.allclose(hot, cached)

@@ -52,7 +52,9 @@ def test_non_string_is_a_format_error():
     assert not parse_response(b"<answer>x</answer>", think=False).ok  # type: ignore[arg-type]
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="|<>"), min_size=1), min_size=1, max_size=5))
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_characters="|<>"), min_size=1), min_size=1, max_size=5)
+)
 def test_format_then_parse_roundtrip(actions):
     actions = [a.strip() for a in actions if a.strip()]
     if not actions:

@@ -6,7 +6,9 @@ groups carry variance and must reach the loss.
 
 import json
 import os
+from collections import defaultdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ import trainer.grpo as grpo_module
 from trainer.config import LLMGymGRPOConfig
 from trainer.grpo import LLMGymGRPOTrainer
 from trainer.models import build_tiny_model, load_model_and_tokenizer
-from trainer.signal import after_scoring, signal_state
+from trainer.signal import SignalState, _log_mi, after_scoring, signal_state
 
 G = 2
 
@@ -120,7 +122,9 @@ def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir
         losses = spy.loss_inputs[3 * r : 3 * r + 3]
         assert all(b["completion_ids"].shape[0] == 1 for b in losses)  # dropped rows cost no forward/backward
         trained = [row for b in losses for row, m in zip(rows(b), b["tool_mask"].sum(1).tolist()) if m > 0]
-        assert sorted(trained) == sorted(kept_rows)
+        width = len(trained[0])  # trailing all-padding completion columns may have been trimmed
+        assert width <= len(kept_rows[0])
+        assert sorted(trained) == sorted(r[:width] for r in kept_rows)
         padded = [b for b in losses if b["tool_mask"].sum() == 0]
         assert len(padded) == 1 and padded[0]["advantages"].abs().sum() == 0
         mask = after["completion_mask"] * after["tool_mask"]
@@ -134,6 +138,17 @@ def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir
     mi_steps = sorted(s for s, h in logs.items() if "mi/first_turn/mi_est" in h)
     assert mi_steps == [1, 7]  # rounds 0 and 2 of mi_every=2; round 1 (step 4) has none
     assert "mi/trajectory/mi_zscore_ema" in logs[1] and "mi/first_turn/retrieval_chance" in logs[1]
+
+    # the KV-cached scorer and TRL's full-sequence scorer agree on the last round's batch
+    results = {}
+    for scorer in ("cached", "trl"):
+        tr.args.mi_scorer = scorer
+        metrics = defaultdict(list)
+        _log_mi(tr, dict(spy.before[-1]), SignalState(rng=np.random.default_rng(0)), metrics)
+        results[scorer] = {k: v[0] for k, v in metrics.items() if not k.endswith("seconds")}
+    assert results["cached"].keys() == results["trl"].keys() and "mi/trajectory/mi_est" in results["trl"]
+    for key, value in results["trl"].items():
+        assert results["cached"][key] == pytest.approx(value, abs=1e-3), key
 
     report = os.path.join(tr.args.output_dir, "collapse.jsonl")
     lines = [json.loads(line) for line in open(report)]

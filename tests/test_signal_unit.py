@@ -137,6 +137,7 @@ def test_eval_mode_and_missing_rewards():
         ("mi_reasoning", "words"),
         ("mi_marginal", "exact"),
         ("mi_batch_size", 0),
+        ("mi_scorer", "fast"),
         ("collapse_report", "../x.jsonl"),
     ],
 )
@@ -144,3 +145,32 @@ def test_bad_signal_config_raises(field, value):
     with pytest.raises(ValueError, match=field.split("_")[0]):
         SignalArguments(**{field: value}).validate_signal_args()
     SignalArguments().validate_signal_args()  # defaults are valid
+
+
+def test_episodes_find_reasoning_inside_think_tags_of_each_turn():
+    from trainer.models import build_tiny_tokenizer
+    from trainer.signal import episodes_from_batch
+
+    tok = build_tiny_tokenizer()
+    turn1 = tok.encode("<think>go left</think><answer>Left</answer>", add_special_tokens=False)
+    obs = tok.encode("\nState: hole ahead\n", add_special_tokens=False)
+    turn2 = tok.encode("no tags here", add_special_tokens=False)
+    comp = turn1 + obs + turn2
+    env_mask = [1] * len(turn1) + [0] * len(obs) + [1] * len(turn2)
+    tr = fake_trainer([0.0, 1.0])
+    tr.processing_class = tok
+    tr.args.mi_reasoning = "think"
+    out = {
+        "prompt_ids": torch.tensor([[tok.pad_token_id, 5, 6]] * 2),
+        "prompt_mask": torch.tensor([[0, 1, 1]] * 2),
+        "completion_ids": torch.tensor([comp] * 2),
+        "completion_mask": torch.ones(2, len(comp), dtype=torch.long),
+        "tool_mask": torch.tensor([env_mask] * 2),
+    }
+    eps = episodes_from_batch(tr, out, signal_state(tr))
+    assert len(eps) == 2 and eps[0].group == eps[1].group == 0 and eps[0].prompt_ids == [5, 6]
+    (a, b), second = eps[0].reasoning
+    assert second is None  # no closing tag: no reasoning
+    assert tok.decode(comp[a:b]).strip() == "go left"
+    tr._last_rollout = {"turn_spans": [[[0, len(turn1)]], [[0, len(turn1)]]]}  # the rollout's spans win
+    assert len(episodes_from_batch(tr, out, signal_state(tr))[0].reasoning) == 1

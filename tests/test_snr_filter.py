@@ -16,6 +16,7 @@ from trainer.snr_filter import (
     mask_rows,
     select_groups,
     select_rows,
+    trim_completion_columns,
 )
 
 
@@ -215,3 +216,18 @@ def test_mask_rows_keeps_shapes_and_zeroes_dropped_rows():
     assert out["advantages"][1::2].abs().sum() == 0
     adv2d = mask_rows({**b, "advantages": torch.ones(6, 4)}, keep)["advantages"]
     assert adv2d[1::2].sum() == 0 and adv2d[::2].sum() == 12
+
+
+def test_trim_completion_columns_cuts_shared_right_padding_only():
+    b = _batch(n=3, t=4)  # prompt width 3 != 4; make one prompt-shaped tensor share the width below
+    b["completion_mask"] = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0]])
+    b["prompt_ids"] = torch.zeros(3, 4, dtype=torch.long)  # same width as completions: must stay
+    b["prompt_mask"] = torch.ones(3, 4, dtype=torch.long)
+    b["importance_sampling_ratio"] = torch.ones(3, 1)
+    out, removed = trim_completion_columns(b)
+    assert removed == 2
+    assert out["completion_ids"].shape == (3, 2) and out["old_per_token_logps"].shape == (3, 2)
+    assert torch.equal(out["completion_ids"], b["completion_ids"][:, :2])
+    assert out["prompt_ids"].shape == (3, 4) and out["importance_sampling_ratio"].shape == (3, 1)
+    same, none = trim_completion_columns(out)
+    assert none == 0 and same is out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -213,3 +215,43 @@ def test_greedy_rollouts_with_a_real_model_are_reproducible(tmp_path):
     assert eps_a[0].record.initial_observation != eps_a[2].record.initial_observation
     assert all(len(c) <= 400 for c in out_a["completion_ids"])
     assert set(out_a) >= {"prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward"}
+
+
+PIECES = [*"abc XYZ_\n<>/|", "<think>", "</think>", "<answer>", "</answer>", "Up", "||"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from(PIECES), max_size=30).map("".join).filter(lambda t: "<|" not in t),
+        min_size=1,
+        max_size=4,
+    ),
+    budget=st.integers(min_value=8, max_value=600),
+    max_new=st.integers(min_value=1, max_value=40),
+    end=st.booleans(),
+)
+def test_rollout_invariants_for_arbitrary_replies(tokenizers, texts, budget, max_new, end):
+    template = ChatTemplateTokens(tokenizers["chatml"])
+    gen = ScriptedGenerate(template, texts, end=end)
+    (e,) = play_token_episodes(
+        FL_DET,
+        [2],
+        gen,
+        template,
+        max_new_tokens=max_new,
+        max_completion_length=budget,
+        env_kwargs={"max_turns": 4},
+    )
+    assert len(e.completion_ids) == len(e.env_mask) == len(e.logprobs) <= budget
+    assert e.completion_ids[-1] == template.end_of_turn_id
+    assert 1 <= len(e.record.turns) == len(e.turn_spans) <= 4
+    for (s, t), turn in zip(e.turn_spans, e.record.turns):
+        assert t - s <= max_new and all(m == 1 for m in e.env_mask[s:t])
+        assert (
+            template.tokenizer.decode(
+                [i for i in e.completion_ids[s:t] if i not in template.stop_ids], skip_special_tokens=True
+            )
+            == turn.response
+        )
+    assert e.episode_reward == pytest.approx(sum(t.reward for t in e.record.turns))

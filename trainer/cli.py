@@ -31,7 +31,10 @@ META_KEYS = ("model", "algo")
 CPU_SETTINGS: dict[str, Any] = {
     "use_cpu": True,
     "bf16": False,
-    "gradient_checkpointing": False,
+    "gradient_checkpointing": True,
+    "one_shot_example": True,
+    "think": False,
+    "temperature": 0.7,
     "num_prompts": 2,
     "num_generations": 4,
     "gradient_accumulation_steps": 1,
@@ -241,6 +244,20 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
     return config, {"model": model, "algo": algo, "resume": opts.resume}
 
 
+def _eval_summary(metrics: dict[str, Any]) -> str:
+    """One line of evaluation results (TRL prefixes eval metrics with ``eval_``)."""
+    parts = []
+    for key, label in (
+        ("success", "success"),
+        ("valid_action_rate", "valid actions"),
+        ("episode_reward", "reward"),
+    ):
+        value = metrics.get(f"eval_env/{key}")
+        if value is not None:
+            parts.append(f"{label} {value:.3f}")
+    return ", ".join(parts) or "no metrics"
+
+
 def _error(msg: str) -> int:
     print(f"llmgym-train: error: {msg}", file=sys.stderr)
     return 2
@@ -255,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from trainer.models import ModelError, check_model
 
+    log = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
     try:
-        config, meta = resolve_config(argv)
+        config, meta = resolve_config(argv, log=log)
         check_model(str(meta["model"]))
     except (ConfigError, ModelError, ValueError) as e:
         return _error(str(e))
@@ -288,7 +306,7 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     do_eval = config.eval_before_after and config.num_eval_seeds > 0
     before = trainer.evaluate() if do_eval else {}
     if before:
-        say(f"llmgym-train: before training: success {before.get('eval_env/success', float('nan')):.3f}")
+        say(f"llmgym-train: before training: {_eval_summary(before)}")
     resume: Any = None
     if meta.get("resume"):
         resume = True if meta["resume"] == "latest" else meta["resume"]
@@ -298,6 +316,8 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     if is_main:
         last = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
         summary = [f"llmgym-train: done in {time.time() - t0:.0f}s"]
+        if after:
+            print(f"llmgym-train: after training: {_eval_summary(after)}")
         if before and after:
             summary.append(
                 f"success before {before.get('eval_env/success', float('nan')):.3f} -> "

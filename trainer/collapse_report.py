@@ -70,7 +70,9 @@ def read_series(path: str | os.PathLike) -> list[dict]:
     if p.is_dir():
         p = p / DEFAULT_FILE
     if not p.is_file():
-        raise FileNotFoundError(f"no collapse series at {p} (the trainer writes it when collapse_report is set)")
+        raise FileNotFoundError(
+            f"no collapse series at {p} (the trainer writes it when collapse_report is set)"
+        )
     rows = []
     with open(p, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -123,7 +125,9 @@ def summary(rows: Sequence[dict]) -> list[str]:
     if kept:
         lines.append(f"SNR filter: kept fraction last {kept[-1]:.2f}, mean {sum(kept) / len(kept):.2f}")
     if skipped and sum(skipped):
-        lines.append(f"SNR filter: {int(sum(skipped))} of {len(skipped)} logged steps skipped (no reward variance)")
+        lines.append(
+            f"SNR filter: {int(sum(skipped))} of {len(skipped)} logged steps skipped (no reward variance)"
+        )
     return lines
 
 

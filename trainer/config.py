@@ -80,6 +80,13 @@ class EnvArguments:
         default=None,
         metadata={"help": "Actions executed per episode; None keeps the environment's default (10)."},
     )
+    think: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Require <think>...</think> before <answer> (True), answer-only format (False), or the "
+            "environment's default (None)."
+        },
+    )
     max_new_tokens: int = field(
         default=400, metadata={"help": "Tokens the model may generate per turn (RAGEN: 400)."}
     )
@@ -96,6 +103,12 @@ class EnvArguments:
     system_prompt: str = field(
         default=DEFAULT_SYSTEM_PROMPT,
         metadata={"help": "Sentence opening the system message (instructions follow)."},
+    )
+    one_shot_example: bool = field(
+        default=False,
+        metadata={
+            "help": "Show one demonstration turn (example state + well-formed answer) after the system message."
+        },
     )
     chat_template: str | None = field(
         default=None, metadata={"help": "Path to a Jinja chat template that replaces the tokenizer's."}
@@ -206,7 +219,7 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
     def make_env_kwargs(self) -> dict[str, Any]:
         """gym.make kwargs: the turn/action limits plus ``env_kwargs`` (which win)."""
         kwargs: dict[str, Any] = {}
-        for name in ("max_turns", "max_actions_per_turn", "max_actions"):
+        for name in ("max_turns", "max_actions_per_turn", "max_actions", "think"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         kwargs.update(self.env_kwargs or {})
@@ -217,6 +230,7 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
             system_prompt=self.system_prompt,
             history_window=None if training else self.history_window,
             reward_feedback=self.reward_feedback,
+            one_shot=self.one_shot_example,
         )
 
     @property

@@ -347,3 +347,93 @@ def cross_score(
             for r, (i, j) in enumerate(chunk):
                 scores[i, j] = float(seq[r])
     return scores
+
+
+def _cache_name() -> str:
+    """transformers renamed ``past_key_values`` to ``cache`` (argument and output field) during 5.x."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+_CACHE = _cache_name()
+
+
+@torch.no_grad()
+def cross_score_cached(
+    model: torch.nn.Module,
+    contexts: Sequence[Sequence[int]],
+    reasonings: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    device: torch.device | str = "cpu",
+    batch_size: int = 32,
+    min_forwards: int = 0,
+) -> tuple[np.ndarray, int]:
+    """Same matrix as ``cross_score``, but each context is encoded once and its KV cache reused for
+    every reasoning: ``M * |X| + N * M * |Z|`` tokens instead of ``N * M * (|X| + |Z|)``, a large
+    saving when contexts (whole trajectories) are much longer than reasoning.
+
+    Calls ``model`` directly (a causal LM returning ``logits`` and ``past_key_values``); logits are
+    divided by ``temperature`` as TRL does. Returns ``(scores, forwards)``; ``min_forwards`` pads with
+    dummy forwards so every process runs the same number.
+    """
+    import copy
+
+    n, m = len(reasonings), len(contexts)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    scores = np.zeros((n, m), dtype=np.float64)
+    order = sorted(range(n), key=lambda i: len(reasonings[i]))
+    forwards = 0
+    for j, ctx in enumerate(contexts):
+        if not n:
+            break
+        if not len(ctx):
+            raise ValueError("every context must have at least one token")
+        x = torch.tensor([list(ctx)], dtype=torch.long, device=device)
+        out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)
+        prefix = getattr(out, _CACHE, None)
+        forwards += 1
+        first = torch.log_softmax(out.logits[0, -1].float() / temperature, -1).cpu()
+        for s in range(0, n, batch_size):
+            rows = order[s : s + batch_size]
+            zmax = max(len(reasonings[i]) for i in rows)
+            z = torch.full((len(rows), zmax), pad_id, dtype=torch.long)
+            zmask = torch.zeros((len(rows), zmax), dtype=torch.float32)
+            for r, i in enumerate(rows):
+                z[r, : len(reasonings[i])] = torch.tensor(list(reasonings[i]), dtype=torch.long)
+                zmask[r, : len(reasonings[i])] = 1
+            seq = first[z[:, 0]].double()
+            if zmax > 1:
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(len(rows))
+                attn = torch.cat([torch.ones(len(rows), len(ctx)), zmask], 1).long().to(device)
+                pos = torch.arange(len(ctx), len(ctx) + zmax, device=device).expand(len(rows), -1)
+                logits = model(
+                    input_ids=z.to(device),
+                    attention_mask=attn,
+                    position_ids=pos,
+                    **{_CACHE: cache},
+                    use_cache=True,
+                ).logits[:, :-1]
+                forwards += 1
+                lp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, z[:, 1:, None].to(device))
+                seq = seq + (lp.squeeze(-1).cpu().double() * zmask[:, 1:]).sum(-1)
+            for r, i in enumerate(rows):
+                scores[i, j] = float(seq[r])
+    while forwards < min_forwards:
+        ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        forwards += 1
+    return scores, forwards
+
+
+def cached_forwards(contexts: Sequence[Sequence[int]], num_reasonings: int, batch_size: int) -> int:
+    """Upper bound of the forwards ``cross_score_cached`` makes (for lockstep padding)."""
+    if not num_reasonings:
+        return 0
+    return len(contexts) * (1 + num_chunks(num_reasonings, batch_size))

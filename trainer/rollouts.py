@@ -395,19 +395,14 @@ class EnvRolloutFunc:
             first_index=first_index,
         )
         if getattr(trainer, "use_vllm", False):
-            if not training:
-                # eval temperature: vLLM reads trainer.vllm_generation.temperature at call time
-                trainer.vllm_generation.temperature, saved_t = (
-                    args.eval_temperature,
-                    trainer.vllm_generation.temperature,
-                )
+            vllm = trainer.vllm_generation
+            saved_temperature = vllm.temperature
+            if not training:  # VLLMGeneration reads its temperature at call time
+                vllm.temperature = args.eval_temperature
             try:
-                episodes = play_token_episodes(
-                    args.env, seeds, VLLMGenerate(trainer.vllm_generation), self.template, **kwargs
-                )
+                episodes = play_token_episodes(args.env, seeds, VLLMGenerate(vllm), self.template, **kwargs)
             finally:
-                if not training:
-                    trainer.vllm_generation.temperature = saved_t
+                vllm.temperature = saved_temperature
         else:
             from trl.models import unwrap_model_for_generation
 
@@ -435,16 +430,19 @@ class EnvRolloutFunc:
                     model, self.template.tokenizer, gen_cfg, self.template.stop_ids, accelerator.device
                 )
                 episodes = play_token_episodes(args.env, seeds, gen, self.template, **kwargs)
-        return rollout_output(episodes, trainer)
+        return rollout_output(episodes, trainer, sampler_logprobs=bool(getattr(trainer, "use_vllm", False)))
 
 
-def rollout_output(episodes: list[TokenEpisode], trainer: Any | None = None) -> dict[str, list]:
+def rollout_output(
+    episodes: list[TokenEpisode], trainer: Any | None = None, *, sampler_logprobs: bool = True
+) -> dict[str, Any]:
     """The ``rollout_func`` dict for ``episodes``; also stashes ``_last_rollout`` / ``_last_records`` on
-    ``trainer`` when given."""
+    ``trainer`` when given. ``sampler_logprobs=False`` returns ``logprobs=None`` (the HF ``generate`` backend has
+    none, and placeholder zeros would mislead TRL options that read them, such as the off-policy mask)."""
     out = {
         "prompt_ids": [e.prompt_ids for e in episodes],
         "completion_ids": [e.completion_ids for e in episodes],
-        "logprobs": [e.logprobs for e in episodes],
+        "logprobs": [e.logprobs for e in episodes] if sampler_logprobs else None,
         "env_mask": [e.env_mask for e in episodes],
         "env_reward": [e.episode_reward for e in episodes],
         "env_success": [float(e.success) for e in episodes],

@@ -37,6 +37,7 @@ FILTER_METRICS = snr.METRICS
 FILTER_DROPS = ("remove", "mask")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 MI_REASONING = ("think", "turn")
+MI_SCORERS = ("cached", "trl")
 #: Keys (beyond ``mi/`` and ``snr/``) the collapse report keeps from each log line.
 REPORT_KEYS = ("entropy", "reward", "reward_std", "frac_reward_zero_std")
 #: TRL metrics appended per micro-batch by ``compute_loss``; meaningless on a skipped (all-masked) update.
@@ -50,6 +51,7 @@ LOSS_METRICS = (
     "clip_ratio/high_max",
     "cispo_clip_ratio",
     "vespo/phi_seq_mean",
+    "ppo/value_loss",
 )
 
 
@@ -140,7 +142,14 @@ class SignalArguments:
         metadata={"help": "Per-token marginal: code (RAGEN code, logmeanexp of per-token scores) or paper."},
     )
     mi_batch_size: int = field(
-        default=32, metadata={"help": "Sequences per no-grad forward when cross-scoring."}
+        default=16, metadata={"help": "Sequences per no-grad forward when cross-scoring."}
+    )
+    mi_scorer: str = field(
+        default="cached",
+        metadata={
+            "help": "cached: encode each prompt once and reuse its KV cache for every reasoning (much cheaper on "
+            "long trajectories); trl: full sequences through TRL's log-prob function (any model TRL supports)."
+        },
     )
     collapse_report: str = field(
         default="collapse.jsonl",
@@ -156,6 +165,7 @@ class SignalArguments:
             "filter_drop": FILTER_DROPS,
             "mi_reasoning": MI_REASONING,
             "mi_marginal": mi.MARGINALS,
+            "mi_scorer": MI_SCORERS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -172,6 +182,18 @@ class SignalArguments:
             raise ValueError(f"mi_std_eps must be > 0, got {self.mi_std_eps}")
         if not 0.0 <= self.mi_ema_decay < 1.0:
             raise ValueError(f"mi_ema_decay must be in [0, 1), got {self.mi_ema_decay}")
+        spg, group = getattr(self, "steps_per_generation", None), getattr(self, "num_generations", None)
+        if self.filter_strategy != "off" and self.filter_drop == "remove" and spg and group and group % spg:
+            logger.warning(
+                "SNR filtering: steps_per_generation=%s does not divide num_generations=%s, so each process pads "
+                "its kept rows with up to %s masked rows (they cost compute) for TRL's even split into micro-batches. "
+                "Raise per_device_train_batch_size (and lower gradient_accumulation_steps to keep the update batch) "
+                "until steps_per_generation = rollouts per process / per_device_train_batch_size divides "
+                "num_generations.",
+                spg,
+                group,
+                spg - 1,
+            )
         if self.collapse_report and os.path.basename(self.collapse_report) != self.collapse_report:
             raise ValueError(
                 f"collapse_report must be a file name inside output_dir, got {self.collapse_report!r}"
@@ -275,6 +297,7 @@ def _filter(trainer: Any, out: dict, st: SignalState, metrics: Any) -> dict:
         if args.filter_drop == "remove":
             if not bool(keep_local.all()) or n_local % spg:
                 out, n_pad = snr.select_rows(out, keep_local, multiple=spg)
+                out, _ = snr.trim_completion_columns(out)
         elif not bool(keep_local.all()):
             out = snr.mask_rows(out, keep_local)
         loss_mask = (
@@ -415,26 +438,44 @@ def _log_mi(trainer: Any, out: dict, st: SignalState, metrics: Any) -> None:
     for name, sampler in scopes:
         start = time.perf_counter()
         pairs = sampler(episodes, args.mi_num_samples, st.rng)
-        n_pairs = len(pairs.contexts) * len(pairs.reasonings)
+        # identical contexts score identically: score each distinct one once, then expand by class
+        unique: list[list[int]] = [[] for _ in set(pairs.column_class.tolist())]
+        for ctx, c in zip(pairs.contexts, pairs.column_class):
+            unique[int(c)] = ctx
+        n_ctx, n_z = len(unique), len(pairs.reasonings)
+        if args.mi_scorer == "cached":
+            local = mi.cached_forwards(unique, n_z, args.mi_batch_size)
+        else:
+            local = mi.num_chunks(n_ctx * n_z, args.mi_batch_size)
         # every process runs the same number of forwards (sharded models need it)
-        chunks = int(
-            acc.gather(torch.tensor([mi.num_chunks(n_pairs, args.mi_batch_size)], device=acc.device)).max()
-        )
+        forwards = int(acc.gather(torch.tensor([local], device=acc.device)).max())
         with (
             torch.no_grad(),
             disable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs),
         ):
-            scores = mi.cross_score(
-                logps_fn,
-                pairs.contexts,
-                pairs.reasonings,
-                pad_id=pad_id,
-                device=acc.device,
-                batch_size=args.mi_batch_size,
-                min_chunks=chunks,
-            )
+            if args.mi_scorer == "cached":
+                scores, _ = mi.cross_score_cached(
+                    trainer.model,
+                    unique,
+                    pairs.reasonings,
+                    temperature=float(getattr(trainer, "temperature", 1.0) or 1.0),
+                    pad_id=pad_id,
+                    device=acc.device,
+                    batch_size=args.mi_batch_size,
+                    min_forwards=forwards,
+                )
+            else:
+                scores = mi.cross_score(
+                    logps_fn,
+                    unique,
+                    pairs.reasonings,
+                    pad_id=pad_id,
+                    device=acc.device,
+                    batch_size=args.mi_batch_size,
+                    min_chunks=forwards,
+                )
         result = mi.mi_from_scores(
-            scores,
+            scores[:, pairs.column_class],
             np.array([len(z) for z in pairs.reasonings]),
             pairs.target,
             pairs.column_class,

@@ -247,3 +247,26 @@ def mask_rows(batch: dict, keep: torch.Tensor) -> dict:
     k = keep.to(adv.device, adv.dtype)
     out["advantages"] = adv * (k.unsqueeze(1) if adv.ndim == 2 else k)
     return out
+
+
+def trim_completion_columns(batch: dict) -> tuple[dict, int]:
+    """Drop trailing completion columns that are padding in every remaining row.
+
+    Completions are right-padded to the longest one in the original batch; once long trajectories
+    are filtered out that width is wasted compute. Causal attention means earlier positions never see
+    later ones, so trimming does not change any kept token's log-prob. Every tensor whose second
+    dimension is the completion width is cut, except the prompt tensors. Returns ``(batch, removed)``.
+    """
+    cm = batch["completion_mask"]
+    width = cm.shape[1]
+    used = torch.nonzero(cm.any(dim=0)).reshape(-1)
+    keep = int(used[-1]) + 1 if used.numel() else 1
+    if keep >= width:
+        return batch, 0
+    out = dict(batch)
+    for key, value in batch.items():
+        if key in ("prompt_ids", "prompt_mask"):
+            continue
+        if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
+            out[key] = value[:, :keep]
+    return out, width - keep

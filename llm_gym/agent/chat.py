@@ -27,6 +27,8 @@ class ChatFormat:
         reward_feedback: show the previous turn's reward at the top of each turn.
         show_budget: show the actions and turns left in each turn.
         max_response_tokens: when set, the turn text asks the model to stay under this many tokens.
+        one_shot: put one demonstration exchange (an example state and a well-formed answer) after the system
+            message; small models (e.g. SmolLM2-135M) rarely follow the answer format without it.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -35,6 +37,7 @@ class ChatFormat:
     reward_feedback: bool = False
     show_budget: bool = True
     max_response_tokens: int | None = None
+    one_shot: bool = False
 
     def __post_init__(self) -> None:
         if self.history_window is not None and (
@@ -110,6 +113,26 @@ def turn_text(
     return "\n".join(lines)
 
 
+#: Seed of the example state shown by ``ChatFormat(one_shot=True)`` (outside the train and eval seed ranges).
+EXAMPLE_SEED = 987_654
+
+
+def example_exchange(env: gym.Env, fmt: ChatFormat | None = None) -> list[dict[str, str]]:
+    """A demonstration turn: a fresh copy of ``env`` at :data:`EXAMPLE_SEED` and a well-formed answer."""
+    fmt = fmt or ChatFormat()
+    spec = getattr(env, "spec", None)
+    demo = gym.make(spec.id, **dict(spec.kwargs)) if spec is not None else type(_base(env))()
+    try:
+        obs, _ = demo.reset(seed=EXAMPLE_SEED)
+        user = turn_text(demo, obs, turn=1, fmt=fmt)
+        answer = (
+            _base(demo).example_response() if hasattr(_base(demo), "example_response") else answer_format(env)
+        )
+    finally:
+        demo.close()
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+
 @dataclass
 class Conversation:
     """One episode's chat: the system message and alternating user (state) / assistant (reply) turns."""
@@ -117,11 +140,13 @@ class Conversation:
     env: gym.Env
     fmt: ChatFormat = field(default_factory=ChatFormat)
     system: dict[str, str] = field(init=False)
+    example: list[dict[str, str]] = field(init=False, default_factory=list)
     users: list[str] = field(init=False, default_factory=list)
     replies: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.system = system_message(self.env, self.fmt)
+        self.example = example_exchange(self.env, self.fmt) if self.fmt.one_shot else []
 
     def add_observation(
         self, observation: str, *, reward: float | None = None, info: dict[str, Any] | None = None
@@ -150,7 +175,7 @@ class Conversation:
         window = self.fmt.history_window if window is None else window
         turns = len(self.users)
         first = 0 if window is None else max(0, turns - window)
-        msgs = [dict(self.system)]
+        msgs = [dict(self.system), *(dict(m) for m in self.example)]
         for i in range(first, turns):
             msgs.append({"role": "user", "content": self.users[i]})
             if i < len(self.replies):

@@ -83,11 +83,21 @@ class EpisodeRecord:
             raise ValueError("not an episode record: expected an object with an 'env_id' key")
         version = d.get("version", FORMAT_VERSION)
         if version > FORMAT_VERSION:
-            raise ValueError(f"episode record version {version} is newer than this llm-gym ({FORMAT_VERSION})")
+            raise ValueError(
+                f"episode record version {version} is newer than this llm-gym ({FORMAT_VERSION})"
+            )
         # Unknown keys (from newer writers) are ignored so old readers still load the record.
         turn_keys = {f.name for f in fields(TurnRecord)}
         turns = [TurnRecord(**{k: v for k, v in t.items() if k in turn_keys}) for t in d.get("turns", [])]
-        known = {"env_id", "seed", "initial_observation", "env_kwargs", "reset_options", "instructions", "meta"}
+        known = {
+            "env_id",
+            "seed",
+            "initial_observation",
+            "env_kwargs",
+            "reset_options",
+            "instructions",
+            "meta",
+        }
         return cls(turns=turns, version=version, **{k: d[k] for k in known if k in d})
 
 

@@ -50,7 +50,9 @@ class RewardSpec:
         try:
             return self._values[name]
         except KeyError:
-            raise KeyError(f"unknown reward component {name!r}; valid names: {', '.join(self.names)}") from None
+            raise KeyError(
+                f"unknown reward component {name!r}; valid names: {', '.join(self.names)}"
+            ) from None
 
     def as_dict(self) -> dict[str, float]:
         return dict(self._values)
@@ -63,12 +65,12 @@ class RewardSpec:
         if not overrides:
             return self
         if not isinstance(overrides, Mapping):
-            raise ValueError(f"rewards must be a mapping of component name to value, got {type(overrides).__name__}")
+            raise ValueError(
+                f"rewards must be a mapping of component name to value, got {type(overrides).__name__}"
+            )
         unknown = sorted(set(overrides) - set(self.names))
         if unknown:
-            raise ValueError(
-                f"unknown reward component(s) {unknown}; valid names: {', '.join(self.names)}"
-            )
+            raise ValueError(f"unknown reward component(s) {unknown}; valid names: {', '.join(self.names)}")
         new = []
         for c in self.components:
             if c.name in overrides:

@@ -92,7 +92,9 @@ class BanditEnv(TextEnv):
         else:
             pairs = tuple(tuple(str(n) for n in p) for p in arm_pairs)
             if not pairs or any(len(p) != 2 or p[0].lower() == p[1].lower() for p in pairs):
-                raise ValueError("arm_pairs must be a non-empty list of (low_risk, high_risk) pairs of distinct names")
+                raise ValueError(
+                    "arm_pairs must be a non-empty list of (low_risk, high_risk) pairs of distinct names"
+                )
         if not 0.0 <= float(high_risk_prob) <= 1.0:
             raise ValueError(f"high_risk_prob must be in [0, 1], got {high_risk_prob!r}")
         self.split = split

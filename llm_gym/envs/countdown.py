@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import RewardSpec, TextEnv
-from llm_gym.envs.arith import MAX_SOLVER_NUMBERS, Reachable, evaluate, format_number, solve
+from llm_gym.envs.arith import Reachable, evaluate, format_number, solve
 from llm_gym.envs.task_data import load_records
 
 #: The RAGEN data set (Hugging Face id); pass it as ``dataset=`` to play its tasks.
 RAGEN_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
-#: Data-mode items with more numbers than this get no reference solution (the search would be too slow).
+#: Most numbers in a generated puzzle; data-mode items with more get no reference solution (too slow to search).
 SOLUTION_MAX_NUMBERS = 5
 _MAX_ANSWER_LENGTH = 256
 
@@ -140,9 +140,10 @@ class CountdownEnv(TextEnv):
     (default 5, RAGEN's base config; the RAGEN-2 paper uses 1) responses without one.
 
     ## Arguments
-    ``num_count`` ((3, 4)), ``number_range`` ((1, 99)), ``target_range`` ((10, 100)), ``allow_unused`` (False),
-    ``dataset`` (None: generate; a ``.json``/``.jsonl``/``.parquet`` path or a hub id with ``target`` and
-    ``nums`` fields), ``split`` ("train"), ``max_turns`` (5) and the common ``TextEnv`` arguments.
+    ``num_count`` ((3, 4), at most 5), ``number_range`` ((1, 99)), ``target_range`` ((10, 100)),
+    ``allow_unused`` (False), ``dataset`` (None: generate; a ``.json``/``.jsonl``/``.parquet`` path or a hub id
+    with ``target`` and ``nums`` fields), ``split`` ("train"), ``max_turns`` (5) and the common ``TextEnv``
+    arguments.
     ``reset(options={"nums": [...], "target": t})`` plays a given puzzle; ``options={"index": i}`` a given
     data-set item.
 
@@ -170,8 +171,8 @@ class CountdownEnv(TextEnv):
         **kwargs: Any,
     ):
         self.num_count = _int_pair("num_count", num_count, 1)
-        if self.num_count[1] > MAX_SOLVER_NUMBERS:
-            raise ValueError(f"num_count allows at most {MAX_SOLVER_NUMBERS} numbers, got {num_count!r}")
+        if self.num_count[1] > SOLUTION_MAX_NUMBERS:
+            raise ValueError(f"num_count allows at most {SOLUTION_MAX_NUMBERS} numbers, got {num_count!r}")
         self.number_range = _int_pair("number_range", number_range, 0)
         self.target_range = _int_pair("target_range", target_range, -(10**9))
         self.allow_unused = bool(allow_unused)
@@ -309,7 +310,8 @@ class CountdownEnv(TextEnv):
         elif v.kind == "wrong_value":
             verdict = f"incorrect ({self._points():g})"
         else:
-            verdict = f"invalid: {v.error}"
+            reason = v.error or ""
+            verdict = f"invalid: {reason if len(reason) <= 60 else reason[:57] + '...'}"
         return {
             "title": "Countdown",
             "question": f"Target: {self.target}, nums: {self.nums}",

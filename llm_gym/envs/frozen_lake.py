@@ -156,7 +156,9 @@ class FrozenLakeEnv(TextEnv):
         start = "".join(self.desc).index("S")
         self.player = divmod(start, len(self.desc[0]))
         self._obs = None
-        self._rows = ["".join("O" if ch == "H" else "G" if ch == "G" else "_" for ch in row) for row in self.desc]
+        self._rows = [
+            "".join("O" if ch == "H" else "G" if ch == "G" else "_" for ch in row) for row in self.desc
+        ]
         return {"map": list(self.desc)}
 
     def _cell(self, pos: tuple[int, int]) -> str:

@@ -140,7 +140,7 @@ class SokobanEnv(TextEnv):
         super().__init__(**kwargs)
         if generator is None:
             generator = GeneratorConfig(
-                dim_room=tuple(dim_room),
+                dim_room=dim_room,
                 num_boxes=num_boxes,
                 min_optimal_length=min_optimal_length,
                 max_optimal_length=self.max_actions if max_optimal_length is None else max_optimal_length,
