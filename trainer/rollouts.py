@@ -263,18 +263,7 @@ def _finish_turn(
     text = template.tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
     obs, reward, terminated, truncated, info = e.env.step(text)
     e.conv.add_reply(text)
-    e.record.turns.append(
-        TurnRecord(
-            response=text,
-            observation=obs,
-            reward=float(reward),
-            actions=list(info.get("actions", [])),
-            reward_components=dict(info.get("reward_components", {})),
-            terminated=bool(terminated),
-            truncated=bool(truncated),
-            info=dict(info),
-        )
-    )
+    e.record.turns.append(TurnRecord.from_step(text, obs, reward, terminated, truncated, info))
     if terminated or truncated:
         e.done, e.stop_reason = True, "terminated" if terminated else "truncated"
         return

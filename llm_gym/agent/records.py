@@ -48,6 +48,22 @@ class TurnRecord:
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_step(
+        cls, response: str, observation: str, reward: float, terminated: bool, truncated: bool, info: dict
+    ) -> TurnRecord:
+        """The record of one ``env.step(response)`` and what it returned."""
+        return cls(
+            response=response,
+            observation=observation,
+            reward=float(reward),
+            actions=[str(a) for a in info.get("actions", [])],
+            reward_components={str(k): float(v) for k, v in dict(info.get("reward_components", {})).items()},
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=dict(info),
+        )
+
 
 @dataclass
 class EpisodeRecord:

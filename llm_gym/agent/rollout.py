@@ -109,18 +109,7 @@ def rollout(
                 text = "" if text is None else str(text)
                 obs, reward, terminated, truncated, info = envs[i].step(text)
                 convs[i].add_reply(text)
-                records[i].turns.append(
-                    TurnRecord(
-                        response=text,
-                        observation=obs,
-                        reward=float(reward),
-                        actions=list(info.get("actions", [])),
-                        reward_components=dict(info.get("reward_components", {})),
-                        terminated=bool(terminated),
-                        truncated=bool(truncated),
-                        info=dict(info),
-                    )
-                )
+                records[i].turns.append(TurnRecord.from_step(text, obs, reward, terminated, truncated, info))
                 if not (terminated or truncated):
                     convs[i].add_observation(obs, reward=float(reward), info=info)
                     still.append(i)

@@ -13,7 +13,7 @@ import numpy as np
 
 from llm_gym.core import RewardSpec, TextEnv
 from llm_gym.envs.arith import Reachable, evaluate, format_number, solve
-from llm_gym.envs.task_data import load_records
+from llm_gym.envs.task_data import load_records, pick_index
 
 #: The RAGEN data set (Hugging Face id); pass it as ``dataset=`` to play its tasks.
 RAGEN_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
@@ -214,13 +214,7 @@ class CountdownEnv(TextEnv):
             self.nums, self.target = self._task(options.get("nums"), options.get("target"), "options")
             self.solution = self._solve()
         elif self.data is not None:
-            n = len(self.data)
-            index = options.get("index")
-            if index is None:
-                index = int(self.np_random.integers(n))
-            elif isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
-                raise ValueError(f"options['index'] must be an integer in [0, {n}), got {index!r}")
-            self.index = int(index)
+            self.index = pick_index(self.np_random, len(self.data), options.get("index"))
             row = self.data[self.index]
             self.nums, self.target = self._task(row["nums"], row["target"], f"record {self.index}")
             self.solution = self._solve()

@@ -10,7 +10,7 @@ import numpy as np
 
 from llm_gym.core import AnyText, RewardSpec, TextEnv
 from llm_gym.envs.math_check import extract_gold, is_equivalent
-from llm_gym.envs.task_data import load_records
+from llm_gym.envs.task_data import load_records, pick_index
 
 #: The Hugging Face id of the full data set (395k items).
 HUB_DATASET = "meta-math/MetaMathQA"
@@ -132,13 +132,8 @@ class MetaMathQAEnv(TextEnv):
         return f"<think>...</think>{answer}" if self.think else answer
 
     def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
-        n = len(self.data)
-        index = options.get("index")
-        if index is None:
-            index = int(self.np_random.integers(n))
-        elif isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
-            raise ValueError(f"options['index'] must be an integer in [0, {n}), got {index!r}")
-        row = self.data[int(index)]
+        index = pick_index(self.np_random, len(self.data), options.get("index"))
+        row = self.data[index]
         gold = extract_gold(row["response"])
         if gold is None or not isinstance(row["query"], str):
             raise ValueError(f"dataset item {int(index)} has no 'The answer is:' marker in its response")

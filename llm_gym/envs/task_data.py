@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 #: File suffixes read as local files.
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 
@@ -113,6 +115,15 @@ def _check_fields(data: Any, fields: Sequence[str], name: str) -> None:
         missing = [f for f in fields if f not in row]
         if missing:
             raise ValueError(f"dataset {name!r}: record {i} lacks the field(s) {missing}")
+
+
+def pick_index(rng: np.random.Generator, n: int, index: Any = None) -> int:
+    """``index`` validated against ``n`` items, or one drawn from ``rng`` when it is ``None``."""
+    if index is None:
+        return int(rng.integers(n))
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+        raise ValueError(f"options['index'] must be an integer in [0, {n}), got {index!r}")
+    return int(index)
 
 
 def clear_cache() -> None:

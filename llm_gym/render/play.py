@@ -13,9 +13,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from llm_gym.agent.records import EpisodeRecord
+from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.core.parsing import ACTION_SEP, format_response
-from llm_gym.render.replay import turn_record
 from llm_gym.render.text import blit_lines, ellipsize, font, wrap_text
 from llm_gym.render.theme import COLORS
 
@@ -97,7 +96,7 @@ class PlaySession:
             return
         response = self.response_for(answer)
         obs, reward, terminated, truncated, info = self.env.step(response)
-        self.record.turns.append(turn_record(response, obs, reward, terminated, truncated, info))
+        self.record.turns.append(TurnRecord.from_step(response, obs, reward, terminated, truncated, info))
         if info.get("error"):
             self.message = f"invalid: {info['error']}"
         elif terminated:

@@ -164,22 +164,6 @@ def verify_episode(record: EpisodeRecord) -> Mismatch | None:
     return replay_episode(record, draw=False).mismatch
 
 
-def turn_record(
-    response: str, observation: str, reward: float, terminated: bool, truncated: bool, info: Mapping[str, Any]
-) -> TurnRecord:
-    """A :class:`TurnRecord` from one ``env.step(response)`` result."""
-    return TurnRecord(
-        response=response,
-        observation=observation,
-        reward=float(reward),
-        actions=[str(a) for a in info.get("actions", [])],
-        reward_components={str(k): float(v) for k, v in dict(info.get("reward_components", {})).items()},
-        terminated=bool(terminated),
-        truncated=bool(truncated),
-        info=dict(info),
-    )
-
-
 def record_episode(
     env_id: str,
     responses: Iterable[str],
@@ -208,7 +192,7 @@ def record_episode(
         )
         for response in responses:
             obs, reward, terminated, truncated, info = env.step(response)
-            record.turns.append(turn_record(response, obs, reward, terminated, truncated, info))
+            record.turns.append(TurnRecord.from_step(response, obs, reward, terminated, truncated, info))
             if terminated or truncated:
                 break
     finally:
