@@ -73,3 +73,11 @@ def test_card_for_renderer():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         gym.make("llmgym/Bandit-v0", **kwargs)
+
+
+def test_custom_names_stay_inside_the_observation_space():
+    env = gym.make("llmgym/Bandit-v0", arm_pairs=[("Sûr", "Risqué" * 500)]).unwrapped
+    obs, _ = env.reset(seed=0)
+    assert obs in env.observation_space
+    obs, *_ = env.step(answer("sûr"))
+    assert obs in env.observation_space

@@ -154,3 +154,16 @@ def test_ansi_render_is_the_observation():
     env = gym.make("llmgym/FrozenLake-v0", render_mode="ansi")
     obs, _ = env.reset(seed=4)
     assert env.render() == obs
+
+
+@pytest.mark.parametrize("fmt", ["grid", "grid_coord"])
+def test_large_maps_stay_inside_the_observation_space(fmt):
+    env = gym.make("llmgym/FrozenLake-v0", size=40, p=0.5, observation_format=fmt).unwrapped
+    obs, _ = env.reset(seed=0)
+    assert obs in env.observation_space
+
+
+def test_map_option_larger_than_size_is_refused():
+    env = gym.make("llmgym/FrozenLake-v0")
+    with pytest.raises(ValueError, match="size=5"):
+        env.reset(seed=0, options={"map": ["SFFFF", "FFFFF", "FFFFF", "FFFFF", "FFFFG"]})

@@ -115,9 +115,22 @@ def _has_chat_template(folder: Path) -> bool:
     return False
 
 
-def check_model(name_or_path: str) -> str:
+def _read_chat_template(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ModelError(f"cannot read chat template file {path!r}: {e}") from None
+    if not text.strip():
+        raise ModelError(f"chat template file {path!r} is empty")
+    return text
+
+
+def check_model(name_or_path: str, chat_template: str | None = None) -> str:
     """Resolve and validate without loading weights: the folder (or cached hub snapshot) must have a config and
-    a chat template. Returns the resolved name. Raises :class:`ModelError` with what to change."""
+    a chat template, unless ``chat_template`` (a Jinja file that replaces the tokenizer's) is given and readable.
+    Returns the resolved name. Raises :class:`ModelError` with what to change."""
+    if chat_template:
+        _read_chat_template(chat_template)
     name = name_or_path.strip() if isinstance(name_or_path, str) else name_or_path
     if isinstance(name, str) and name.lower() in SMOLLM2_ALIASES:
         _smollm2_package_dir()  # cheap check; the conversion happens in resolve_model
@@ -127,10 +140,10 @@ def check_model(name_or_path: str) -> str:
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ModelError(f"model folder {resolved} has no config.json; is it a transformers checkpoint?")
-        if not _has_chat_template(folder):
+        if not chat_template and not _has_chat_template(folder):
             raise ModelError(
                 f"model folder {resolved} has no chat template (chat_template.jinja or tokenizer_config.json "
-                "'chat_template'); multi-turn rollouts need one. Use an instruct model or add a template."
+                "'chat_template'); multi-turn rollouts need one. Use an instruct model or pass --chat_template FILE."
             )
         return resolved
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
@@ -145,14 +158,23 @@ def check_model(name_or_path: str) -> str:
 
 
 def load_model_and_tokenizer(
-    name_or_path: str, *, dtype: str | None = "auto", device_map: Any = None, **model_kwargs: Any
+    name_or_path: str,
+    *,
+    dtype: str | None = "auto",
+    device_map: Any = None,
+    chat_template: str | None = None,
+    **model_kwargs: Any,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for training: left padding, a pad token, a chat template (or ``ModelError``)."""
+    """Load ``(model, tokenizer)`` for training: left padding, a pad token, a chat template (or ``ModelError``).
+
+    ``chat_template`` is a Jinja file that replaces the tokenizer's template (applied before the check)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_model(name_or_path)
     tok = AutoTokenizer.from_pretrained(resolved)
+    if chat_template:
+        tok.chat_template = _read_chat_template(chat_template)
     if not getattr(tok, "chat_template", None):
         raise ModelError(f"tokenizer of {resolved} has no chat template; multi-turn rollouts need one")
     tok.padding_side = "left"

@@ -7,7 +7,7 @@ format penalty, the ``info`` contract and rendering.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -270,15 +270,16 @@ class TextEnv(gym.Env[str, str]):
         return {}
 
     # --------------------------------------------------------------------------------------- internals
-    def _info(self, *, valid: bool, effective: bool, executed: Sequence[str], components: dict) -> dict:
+    def _info(self, *, valid: bool, effective: bool, executed: list[str], components: dict) -> dict:
+        # Callers pass fresh ``executed`` / ``components`` objects, so no copies (this is on the step hot path).
         info = {
             "success": bool(self._is_success()),
             "action_is_valid": bool(valid),
             "action_is_effective": bool(effective),
-            "actions": list(executed),
-            "reward_components": dict(components),
+            "actions": executed,
+            "reward_components": components,
             "turn": self._turn,
-            "actions_left": self.actions_left,
+            "actions_left": max(0, self.max_actions - self._actions_used),
             "error": None,
             "dropped_actions": 0,
         }

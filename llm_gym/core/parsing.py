@@ -48,7 +48,7 @@ def parse_response(
     """
     if not isinstance(text, str):
         return ParsedResponse(ok=False, error=f"response must be a str, got {type(text).__name__}")
-    lower = text.translate(_ASCII_LOWER)
+    lower = text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
     thought = ""
     start = 0
     if think:

@@ -99,6 +99,9 @@ class BanditEnv(TextEnv):
             raise ValueError(f"high_risk_prob must be in [0, 1], got {high_risk_prob!r}")
         self.split = split
         self.arm_pairs = pairs
+        names = "".join(n for pair in pairs for n in pair)
+        self.glyphs = "".join(sorted({ch for ch in names if not ch.isascii()}))
+        self.obs_max_length = 120 + 2 * max(len(n) for pair in pairs for n in pair)
         self.high_risk_prob = float(high_risk_prob)
         super().__init__(
             max_turns=max_turns, max_actions_per_turn=max_actions_per_turn, max_actions=max_actions, **kwargs

@@ -130,6 +130,8 @@ class FrozenLakeEnv(TextEnv):
             raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
         self.size, self.p, self.success_rate = size, float(p), float(success_rate)
         self.observation_format = observation_format
+        # Grid rows plus, for grid_coord, a header and up to size^2 "(r, c), " hole entries.
+        self.obs_max_length = size * (size + 1) + (0 if observation_format == "grid" else 200 + 12 * size * size)
         super().__init__(**kwargs)
         self.desc: list[str] = []
         self._rows: list[str] = []
@@ -151,6 +153,11 @@ class FrozenLakeEnv(TextEnv):
     def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
         if "map" in options:
             self.desc = _validate_map(options["map"])
+            if len(self.desc) > self.size or len(self.desc[0]) > self.size:
+                raise ValueError(
+                    f"map is {len(self.desc)}x{len(self.desc[0])} but this env has size={self.size}; "
+                    f"make it with size={max(len(self.desc), len(self.desc[0]))} or more"
+                )
         else:
             self.desc = generate_map(self.np_random, self.size, self.p)
         start = "".join(self.desc).index("S")
