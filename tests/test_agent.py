@@ -187,6 +187,22 @@ def test_group_seeds_follow_ragen():
         group_seeds(0, -1, 8)
 
 
+def test_one_shot_example_of_a_directly_built_env_keeps_its_arguments():
+    from llm_gym.envs.sokoban.env import REMAPPED_VOCAB, SokobanEnv
+
+    env = SokobanEnv(vocab="remapped")
+    env.reset(seed=0)
+    before = env.board()
+    user = Conversation(env, ChatFormat(one_shot=True)).example[0]["content"]
+    state = user.split("State:\n", 1)[1].split("\nYou have", 1)[0]
+    assert REMAPPED_VOCAB["wall"] in state and "#" not in state  # remapped symbols, not the default ones
+    assert env.board() == before  # the demonstration did not touch the env
+    from llm_gym.envs.metamathqa import MetaMathQAEnv
+
+    math = MetaMathQAEnv(dataset="sample")  # offline: the demo must not fall back to the hub dataset
+    assert Conversation(math, ChatFormat(one_shot=True)).example[1]["content"] == math.example_response()
+
+
 def test_one_shot_example_comes_from_a_fixed_other_seed(env):
     conv = Conversation(env, ChatFormat(one_shot=True))
     conv.add_observation(env.unwrapped._observation())

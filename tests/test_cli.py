@@ -80,6 +80,61 @@ def test_model_folder_without_chat_template_fails_fast(capsys, tmp_path, tiny_di
     _fails(capsys, ["--env", "Bandit", "--model", str(bare)], "no chat template")
 
 
+def _bare_copy(tiny_dir, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_dir, bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = bare / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    data.pop("chat_template", None)
+    cfg.write_text(json.dumps(data))
+    return bare
+
+
+def test_chat_template_option_rescues_a_model_without_template(monkeypatch, tmp_path, tiny_dir):
+    import trainer.cli as cli
+
+    bare = _bare_copy(tiny_dir, tmp_path)
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text(models.CHAT_TEMPLATES["chatml"])
+    seen = {}
+    monkeypatch.setattr(
+        cli, "run", lambda config, meta: seen.setdefault("template", config.chat_template) and 0
+    )
+    assert main(["--env", "Bandit", "--model", str(bare), "--chat_template", str(jinja)]) == 0
+    assert seen["template"] == str(jinja)
+    _, tok = models.load_model_and_tokenizer(str(bare), dtype="float32", chat_template=str(jinja))
+    assert tok.chat_template == models.CHAT_TEMPLATES["chatml"]
+
+
+def test_bad_chat_template_is_a_clean_cli_error(capsys, tmp_path, tiny_dir):
+    bare = _bare_copy(tiny_dir, tmp_path)
+    jinja = tmp_path / "rewrites_history.jinja"
+    # Drops the content of every assistant message but the last: not prefix-preserving.
+    jinja.write_text(
+        "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ '<|im_start|>assistant\n<|im_end|>\n' }}{% else %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    argv = [
+        "--env",
+        "Bandit",
+        "--model",
+        str(bare),
+        "--chat_template",
+        str(jinja),
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
+    _fails(capsys, argv, "not prefix-preserving")
+    _fails(
+        capsys,
+        ["--env", "Bandit", "--model", str(bare), "--chat_template", str(tmp_path / "missing.jinja")],
+        "cannot read chat template",
+    )
+
+
 def test_unknown_override_keys_fail(capsys, tiny_dir, tmp_path, no_model_load):
     _fails(capsys, ["--model", tiny_dir, "--set", "not_a_field=1"], "unknown config field 'not_a_field'")
     bad = tmp_path / "bad.yaml"
@@ -108,11 +163,33 @@ def test_layers_preset_cli_yaml_set(tmp_path):
     assert cfg.env == "llmgym/FrozenLake-v0"
     assert meta["model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["algo"] == "grpo"
     assert cfg.num_generations == 16 and cfg.generation_batch_size == 128  # preset: 8 x 16
-    assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.28 and cfg.beta == 0.0 and cfg.temperature == 1.0
+    assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.2 and cfg.beta == 0.0 and cfg.temperature == 1.0
     assert cfg.max_new_tokens == 123  # YAML file over preset
     assert cfg.learning_rate == 2e-6  # command line over YAML file
     assert cfg.max_turns == 4  # --set over everything
     assert cfg.loss_type == "grpo"  # from the algorithm preset
+
+
+@pytest.mark.parametrize("env", ["FrozenLake", "Sokoban", "Bandit", "Countdown", "MetaMathQA"])
+def test_algorithm_owns_the_clip_range_over_env_presets(tmp_path, env):
+    def clip(algo):
+        argv = [
+            "--env",
+            env,
+            "--algo",
+            algo,
+            "--use_cpu",
+            "True",
+            "--bf16",
+            "False",
+            "--output_dir",
+            str(tmp_path),
+        ]
+        cfg, _ = resolve_config(argv, gpu=True, log=lambda *_: None)
+        return cfg.epsilon, cfg.epsilon_high
+
+    assert clip("ppo") == clip("grpo") == clip("drgrpo") == (0.2, 0.2)
+    assert clip("dapo") == (0.2, 0.28)
 
 
 def test_cpu_settings_unless_overridden(tmp_path):

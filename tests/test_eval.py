@@ -138,6 +138,55 @@ def test_resume_refuses_other_settings(tmp_path):
     evaluate(CountingPolicy(), env, [0], output=out, fingerprint=FP, progress=False)
     with pytest.raises(ValueError, match="temperature"):
         evaluate(CountingPolicy(), env, [0], output=out, fingerprint={**FP, "temperature": 1.0}, resume=True)
+    with pytest.raises(ValueError, match="env_kwargs"):
+        evaluate(
+            CountingPolicy(), env, [0], output=out, fingerprint=FP, env_kwargs={"max_turns": 2}, resume=True
+        )
+    assert (
+        evaluate(CountingPolicy(), env, [0], output=out, fingerprint=FP, resume=True)["episodes_resumed"] == 1
+    )
+
+
+def test_default_seeds_are_validation_seeds_not_training_seeds():
+    from trainer.config import LLMGymGRPOConfig
+    from trainer.evaluate import build_parser
+
+    start = build_parser().parse_args(["--model", "m"]).seed_start
+    defaults = {f.name: f.default for f in LLMGymGRPOConfig.__dataclass_fields__.values()}
+    assert start == defaults["eval_seed"] == 123 and start != defaults["train_seed"]
+
+
+class ContextLengths:
+    """Answers without tags (so episodes run to max_turns) and records each context's message count."""
+
+    def __init__(self):
+        self.lengths = []
+
+    def __call__(self, batch):
+        self.lengths += [len(chat) for chat in batch]
+        return ["no tags"] * len(batch)
+
+
+def test_history_window_limits_the_eval_context(tmp_path, capsys):
+    from llm_gym.agent.chat import ChatFormat
+
+    env, kw = ["llmgym/FrozenLakeDeterministic-v0"], {"max_turns": 4}
+    full, windowed = ContextLengths(), ContextLengths()
+    evaluate(full, env, [0], output=tmp_path / "a.jsonl", fingerprint=FP, env_kwargs=kw, progress=False)
+    evaluate(
+        windowed,
+        env,
+        [0],
+        output=tmp_path / "b.jsonl",
+        fingerprint=FP,
+        env_kwargs=kw,
+        chat=ChatFormat(history_window=1),
+        progress=False,
+    )
+    assert len(full.lengths) == len(windowed.lengths) == 4
+    assert max(windowed.lengths) < max(full.lengths)
+    assert main(["--model", "x/y", "--history-window", "0", "--output-dir", str(tmp_path)]) == 2
+    assert "--history-window" in capsys.readouterr().err
 
 
 def test_summary_and_table():
@@ -306,7 +355,7 @@ def test_hf_eval_on_tiny_model(tiny_dir, tmp_path, capsys):
     fl = summary["envs"]["llmgym/FrozenLake-v0"]
     assert fl["episodes"] == 2 and 0.0 <= fl["success_ci"][0] <= fl["success_ci"][1] <= 1.0
     records = read_records(out_dir / EPISODES_FILE)
-    assert sorted(r.seed for r in records) == [10_000, 10_001]
+    assert sorted(r.seed for r in records) == [123, 124]  # RAGEN validation seeds, not training seeds
     assert all(r.meta["eval"]["model"] == tiny_dir for r in records)
     assert main(args) == 2  # the file exists: refuse without --resume / --overwrite
     assert main([*args, "--resume"]) == 0

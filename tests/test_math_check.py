@@ -59,6 +59,10 @@ EQUIVALENT = [
     ("X", "x"),
     ("\\text{(A)}", "(A)"),
     ("2\\sqrt{3}", "2 \\sqrt{3}"),
+    ("3.5", "3\\frac{1}{2}"),  # a mixed number is whole + fraction
+    ("7/2", "3\\frac12"),
+    ("-3.5", "-3\\frac{1}{2}"),
+    ("x = 2\\frac{3}{4}", "2.75"),
 ]
 
 NOT_EQUIVALENT = [
@@ -91,6 +95,11 @@ NOT_EQUIVALENT = [
     ("[1, 1,000]", "[1, 1000]"),  # inside brackets a comma separates elements
     ("\\frac{1}{2}", "\\frac{1}{3}"),
     ("\\sqrt{2}", "2"),
+    ("15.5", "3\\frac{1}{2}"),  # not "31/2"
+    ("31/2", "3\\frac{1}{2}"),
+    ("-2.5", "-3\\frac{1}{2}"),
+    ("1/23", "\\frac{1}{2}3"),  # a digit after a fraction is not glued on
+    ("0.5", "\\frac{1}{2}3"),
 ]
 
 

@@ -32,6 +32,17 @@ def test_arrow_keys_move_the_sokoban_player():
     assert draw_play(session).get_size() == (1000, 600)
 
 
+def test_play_without_a_seed_records_a_concrete_replayable_seed():
+    session = PlaySession("llmgym/Sokoban-v0")
+    for key in ("up", "left", "down", "right"):
+        session.handle_key(key)
+    first = session.record
+    assert isinstance(first.seed, int) and 0 <= first.seed < 2**32
+    assert verify_episode(first) is None
+    session.new_episode()
+    assert session.record.seed == first.seed + 1
+
+
 def test_typed_answer_for_an_answer_env_and_new_episode_on_enter():
     session = PlaySession("llmgym/Countdown-v0", seed=5)
     assert session.arrow_actions == {}

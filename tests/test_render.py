@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -260,6 +261,49 @@ def test_wrap_text_lines_fit(text, width):
         ch if ch == "\n" or (ord(ch) >= 32 and not 0xD800 <= ord(ch) <= 0xDFFF) else "?" for ch in text
     )
     assert "".join("".join(lines).split()) == "".join(cleaned.split())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.text(alphabet=st.characters(), max_size=600) | st.text("ab \t\r\n\u0300", max_size=600),
+    st.integers(min_value=1, max_value=120),
+    st.integers(min_value=0, max_value=4),
+)
+def test_wrap_text_max_lines_never_hides_that_text_goes_on(text, width, max_lines):
+    fnt = font(18)
+    full = wrap_text(text, fnt, width)
+    limited = wrap_text(text, fnt, width, max_lines)
+    assert len(limited) <= max_lines + 1
+    assert all(fnt.size(line)[0] <= width or len(line) == 1 for line in limited)
+    if len(full) > max_lines:
+        assert len(limited) > max_lines
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text("abcW.-\n ", max_size=800), st.integers(min_value=1, max_value=120), st.integers(0, 4))
+def test_wrap_text_max_lines_keeps_the_same_first_lines(text, width, max_lines):
+    # No runs of spaces: they vanish at line starts, so the first lines may then hold more text than the cut.
+    text = "".join(c for i, c in enumerate(text) if not (c == " " and text[i - 1 : i] == " "))
+    fnt = font(18)
+    full = wrap_text(text, fnt, width)
+    limited = wrap_text(text, fnt, width, max_lines)
+    assert limited[:max_lines] == full[:max_lines]
+    assert (len(limited) > max_lines) == (len(full) > max_lines)
+
+
+def test_huge_answer_renders_a_card_fast():
+    # Only the lines shown are wrapped: a million-character answer costs no more than a short one.
+    for answer in ("7" * 1_000_000, "word " * 200_000, "\n" * 1_000_000):
+        card = {
+            "title": "Q",
+            "question": "why? " * 100_000,
+            "answer": answer,
+            "verdict": "incorrect " * 10**5,
+        }
+        start = time.perf_counter()
+        frame = to_array(draw_card(card))
+        assert time.perf_counter() - start < 0.3
+        assert frame.shape == (CARD_SIZE[1], CARD_SIZE[0], 3)
 
 
 def test_rendering_survives_pygame_quit():

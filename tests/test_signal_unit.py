@@ -112,6 +112,23 @@ def test_skip_callback_drops_grads_only_on_skipped_rounds():
     assert p.grad is not None and signal_state(tr).consecutive_empty == 0
 
 
+def test_snr_filter_under_deepspeed_warns_that_skipping_is_not_covered(caplog):
+    tr = fake_trainer([0.5] * 4)
+    with caplog.at_level("WARNING", logger="trainer.signal"):
+        make_signal_callbacks(tr)
+    assert "DeepSpeed" not in caplog.text
+    tr.is_deepspeed_enabled = True
+    with caplog.at_level("WARNING", logger="trainer.signal"):
+        make_signal_callbacks(tr)
+    assert "SNR filtering under DeepSpeed" in caplog.text and "NOT skipped" in caplog.text
+    caplog.clear()
+    off = fake_trainer([0.5] * 4, filter_strategy="off")
+    off.is_deepspeed_enabled = True
+    with caplog.at_level("WARNING", logger="trainer.signal"):
+        make_signal_callbacks(off)
+    assert "DeepSpeed" not in caplog.text
+
+
 def test_eval_mode_and_missing_rewards():
     b = batch()
     assert after_scoring(fake_trainer([0.0] * 4, training=False), b) is b

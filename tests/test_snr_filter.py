@@ -73,7 +73,8 @@ def test_ties_break_by_group_index():
 
 def test_zero_groups_excluded_unless_included():
     assert kept([4, 0, 4, 0], strategy="top_p", value=1.0) == [0, 2]
-    assert kept([4, 0, 4, 0], strategy="top_p", value=1.0, include_zero=True, eps=0.0) == [0, 2]
+    assert kept([4, 0, 4, 0], strategy="top_p", value=1.0, include_zero=True, eps=0.0) == [0, 1, 2, 3]
+    assert kept([4, 0, 4, 0], strategy="top_p", value=0.9, include_zero=True, eps=0.0) == [0, 2]
     assert kept([4, 0, 4, 0], strategy="min_p", value=0.0, include_zero=True) == [0, 1, 2, 3]
 
 
@@ -133,7 +134,7 @@ def test_loss_scale():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=12),
-    st.floats(0.05, 1.0),
+    st.floats(0.05, 0.999),
     st.booleans(),
 )
 def test_top_p_keeps_the_smallest_top_set_reaching_rho(scores, rho, include_zero):
@@ -152,6 +153,14 @@ def test_top_p_keeps_the_smallest_top_set_reaching_rho(scores, rho, include_zero
     # reaches the threshold, and is minimal
     assert s[keep].sum() >= rho * total - 0.01 - 1e-9
     assert s[keep].sum() - s[keep].min() < rho * total - 0.01 + 1e-9
+
+
+def test_top_p_value_one_keeps_every_candidate_group():
+    # ragen.md 4.4: value >= 1.0 returns all (non-zero, if excluded) groups, even ones below the eps slack.
+    s = np.array([1.0, 0.5, 0.005, 0.0, 0.002])
+    assert select_groups(s, "top_p", 1.0).tolist() == [True, True, True, False, True]
+    assert select_groups(s, "top_p", 1.0, include_zero=True).all()
+    assert select_groups(np.array([0.004, 0.003]), "top_p", 1.0).all()  # below eps, still kept
 
 
 # --------------------------------------------------------------------------- row removal

@@ -229,6 +229,20 @@ def test_options_level_and_errors():
         SokobanEnv(observation_format="pixels")
 
 
+@pytest.mark.parametrize("observation_format", ["grid", "grid_coord"])
+def test_large_room_gets_an_observation_space_that_fits(observation_format):
+    env = gym.make(
+        "llmgym/Sokoban-v0", dim_room=(70, 70), num_boxes=2, observation_format=observation_format
+    ).unwrapped
+    obs, info = env.reset(seed=0)
+    assert len(info["level"].split("\n")) == 70 and env.observation_space.contains(obs)
+    obs, *_ = env.step(format_response(["Up"], "go"))
+    assert env.observation_space.contains(obs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env)
+
+
 def test_solver_budget_at_reset():
     env = SokobanEnv(solver_max_states=3)
     _, info = env.reset(options={"level": "#########\n#@      #\n#  $    #\n#      .#\n#########"})

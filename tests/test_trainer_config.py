@@ -43,9 +43,12 @@ def test_env_kwargs_and_limits(tmp_path):
     assert c.env_kwargs == {"size": 6, "max_turns": 7}
     assert c.make_env_kwargs() == {"max_turns": 7, "think": False, "size": 6}  # env_kwargs win
     assert cfg(tmp_path, env="Countdown").make_env_kwargs() == {}  # None keeps each env's defaults
-    c = cfg(tmp_path, history_window=2, one_shot_example=True)
-    assert c.chat_format(training=True).history_window is None
-    assert c.chat_format(training=False).history_window == 2 and c.chat_format().one_shot
+    c = cfg(tmp_path, one_shot_example=True)
+    assert c.chat_format().history_window is None and c.chat_format().one_shot  # training: full history
+    with pytest.raises(
+        TypeError, match="history_window"
+    ):  # no unused field (llmgym-eval has --history-window)
+        cfg(tmp_path, history_window=2)
 
 
 @pytest.mark.parametrize(
@@ -58,8 +61,14 @@ def test_env_kwargs_and_limits(tmp_path):
         (dict(num_prompts=0), "num_prompts must be a positive integer"),
         (dict(num_prompts=2, steps_per_generation=2), "either num_prompts or steps_per_generation"),
         (dict(num_prompts=3, num_generations=2, per_device_train_batch_size=4), "must be divisible"),
-        (dict(history_window=0), "history_window"),
+        (
+            dict(
+                num_prompts=2, num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=4
+            ),
+            r"gradient_accumulation_steps \(4\) must divide .* = 2",
+        ),
         (dict(num_eval_seeds=-1), "num_eval_seeds"),
+        (dict(mask_truncated_completions=True), "env/budget_stop_rate"),
     ],
 )
 def test_bad_settings_raise_clear_errors(tmp_path, kw, message):

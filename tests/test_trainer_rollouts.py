@@ -122,7 +122,7 @@ def test_budget_is_enforced_and_turns_end_with_end_of_turn(tokenizers):
         assert e.env_mask[-1] == 0  # our forced end-of-turn token is not a model token
         for s, t in e.turn_spans:
             assert t - s <= 30
-    assert e.stop_reason == "budget"
+        assert e.stop_reason == "budget", budget
 
 
 def test_lockstep_pads_generation_batches(tokenizers):
@@ -151,18 +151,27 @@ def test_non_prefix_preserving_template_fails_clearly(tokenizers):
         "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     )
-    template = ChatTemplateTokens(tok)
-    gen = ScriptedGenerate(template, ANSWERS[:1])
+    # Detected when the template is set up, before any rollout, training or evaluation.
     with pytest.raises(ChatTemplateError, match="not prefix-preserving"):
-        play_token_episodes(
-            FL_DET,
-            [0],
-            gen,
-            template,
-            max_new_tokens=32,
-            max_completion_length=4000,
-            env_kwargs={"max_turns": 3},
-        )
+        ChatTemplateTokens(tok)
+
+
+def test_vllm_missing_logprobs_become_nan_not_zero():
+    import math
+
+    from trainer.rollouts import VLLMGenerate
+
+    class FakeVLLM:
+        max_completion_length = 99
+
+        def generate(self, prompts, images, num_generations):
+            assert self.max_completion_length == 3  # the largest budget, restored afterwards
+            return None, [[5, 6, 7], [8]], [[[-0.5], [None], []], [[-1.25]]], None
+
+    vllm = FakeVLLM()
+    ids, lps = VLLMGenerate(vllm)([[1], [2]], [3, 2])
+    assert ids == [[5, 6, 7], [8]] and vllm.max_completion_length == 99
+    assert lps[0][0] == -0.5 and math.isnan(lps[0][1]) and math.isnan(lps[0][2]) and lps[1] == [-1.25]
 
 
 def test_template_without_end_token_or_missing_fails():

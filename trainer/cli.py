@@ -9,7 +9,8 @@ Configuration layers, later ones win:
 5. command-line fields, TRL style (``--learning_rate 1e-5``);
 6. ``--set key=value`` (repeatable).
 
-Everything is validated (environment, batch divisibility, model, chat template) before the model is loaded.
+Everything is validated (environment, batch divisibility, model, chat template present) before the model is
+loaded; the chat template's token-level fitness is probed when the trainer is built, before any evaluation.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     log = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
     try:
         config, meta = resolve_config(argv, log=log)
-        check_model(str(meta["model"]))
+        check_model(str(meta["model"]), chat_template=config.chat_template)
     except (ConfigError, ModelError, ValueError) as e:
         return _error(str(e))
     return run(config, meta)
@@ -285,17 +286,19 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     """Load the model (the heavy part) and train; prints success before and after training."""
     from trainer.algorithms import trainer_class
     from trainer.models import ModelError, load_model_and_tokenizer
+    from trainer.rollouts import ChatTemplateError
 
     t0 = time.time()
     try:
         dtype = "float32" if config.use_cpu or not has_gpu() else "auto"
-        model, tokenizer = load_model_and_tokenizer(str(meta["model"]), dtype=dtype)
-        if config.chat_template:
-            tokenizer.chat_template = Path(config.chat_template).read_text(encoding="utf-8")
-    except (ModelError, OSError) as e:
+        model, tokenizer = load_model_and_tokenizer(
+            str(meta["model"]), dtype=dtype, chat_template=config.chat_template
+        )
+        cls = trainer_class(meta["algo"])
+        # The rollout function probes the chat template here, before any training or evaluation.
+        trainer = cls(model=model, args=config, processing_class=tokenizer)
+    except (ModelError, ChatTemplateError, OSError) as e:
         return _error(str(e))
-    cls = trainer_class(meta["algo"])
-    trainer = cls(model=model, args=config, processing_class=tokenizer)
     is_main = trainer.accelerator.is_main_process
     say = print if is_main else (lambda *a, **k: None)
     say(

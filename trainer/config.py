@@ -90,13 +90,6 @@ class EnvArguments:
     max_new_tokens: int = field(
         default=400, metadata={"help": "Tokens the model may generate per turn (RAGEN: 400)."}
     )
-    history_window: int | None = field(
-        default=None,
-        metadata={
-            "help": "Keep only the last k turns in the context (evaluation / text rollouts only; training always "
-            "uses the full history so the trained sequence is the one that was sampled)."
-        },
-    )
     reward_feedback: bool = field(
         default=False, metadata={"help": "Show the previous turn's reward each turn."}
     )
@@ -189,7 +182,6 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
             raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
-        ChatFormat(history_window=self.history_window)  # validates the window
         if self.num_prompts is not None:
             if (
                 isinstance(self.num_prompts, bool)
@@ -209,9 +201,26 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
                 f"by per_device_train_batch_size ({self.per_device_train_batch_size}) x number of processes; "
                 "change --num_prompts, --num_generations or --per_device_train_batch_size"
             )
+        if self.mask_truncated_completions:
+            raise ValueError(
+                "mask_truncated_completions has no effect with llm-gym's multi-turn rollouts: every turn is closed "
+                "with an end-of-turn token, so TRL never sees a truncated completion. Leave it False and watch "
+                "env/budget_stop_rate (episodes cut by max_completion_length) instead"
+            )
         if self.max_completion_length is not None and self.max_completion_length < 8:
             raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
         super().__post_init__()
+        micro_batches = self.steps_per_generation * self.num_iterations
+        if micro_batches % self.gradient_accumulation_steps:
+            # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip callback
+            # could drop a kept round's gradients when the next round is empty.
+            raise ValueError(
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the micro-batches "
+                f"of one generation round: steps_per_generation ({self.steps_per_generation}) x num_iterations "
+                f"({self.num_iterations}) = {micro_batches}, where steps_per_generation = num_prompts x "
+                "num_generations / (per_device_train_batch_size x processes). Lower --gradient_accumulation_steps "
+                "or --per_device_train_batch_size, or raise --num_prompts"
+            )
         self.validate_signal_args()
         self.validate_ppo_args()
 
@@ -225,10 +234,11 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
         kwargs.update(self.env_kwargs or {})
         return kwargs
 
-    def chat_format(self, *, training: bool = True) -> ChatFormat:
+    def chat_format(self) -> ChatFormat:
+        """The chat format of training and in-training evaluation rollouts: always the full history, so the
+        trained sequence is the one that was sampled (``llmgym-eval --history-window`` can shorten it)."""
         return ChatFormat(
             system_prompt=self.system_prompt,
-            history_window=None if training else self.history_window,
             reward_feedback=self.reward_feedback,
             one_shot=self.one_shot_example,
         )

@@ -23,7 +23,8 @@ from typing import Any
 
 from llm_gym.agent.records import EpisodeRecord, iter_records, write_records
 
-DEFAULT_SEED_START = 10_000  # away from training seeds, which start at 0
+#: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed`` 10000).
+DEFAULT_SEED_START = 123
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 
@@ -98,8 +99,10 @@ def _unit_of(rec: EpisodeRecord) -> Unit | None:
     return Unit(rec.env_id, int(rec.seed), sample)
 
 
-def load_done(path: Path, fingerprint: dict[str, Any]) -> dict[Unit, EpisodeRecord]:
-    """Records already in ``path`` (for ``--resume``); refuses a file written with other settings."""
+def load_done(
+    path: Path, fingerprint: dict[str, Any], env_kwargs: dict[str, Any] | None = None
+) -> dict[Unit, EpisodeRecord]:
+    """Records already in ``path`` (for ``--resume``); refuses a file written with other settings or env kwargs."""
     done: dict[Unit, EpisodeRecord] = {}
     if not path.exists():
         return done
@@ -108,7 +111,8 @@ def load_done(path: Path, fingerprint: dict[str, Any]) -> dict[Unit, EpisodeReco
         if unit is None:
             continue
         theirs = rec.meta.get("eval", {})
-        mine = {**fingerprint, "env_kwargs": theirs.get("env_kwargs")}
+        # JSON round trip so that e.g. tuples compare equal to the lists the file holds.
+        mine = {**fingerprint, "env_kwargs": json.loads(json.dumps(dict(env_kwargs or {})))}
         if theirs != mine:
             diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
             raise ValueError(
@@ -186,6 +190,7 @@ def evaluate(
     output: str | Path,
     fingerprint: dict[str, Any],
     env_kwargs: dict[str, Any] | None = None,
+    chat: Any = None,
     resume: bool = False,
     batch_size: int = 32,
     ks: Iterable[int] = (1,),
@@ -194,7 +199,8 @@ def evaluate(
     """Play every (env, seed, sample) not yet in ``output`` in batches of ``batch_size`` episodes and summarise.
 
     Each batch is one call to :func:`llm_gym.agent.rollout.rollout`, so the policy sees all active episodes of
-    the batch at once on every turn; the batch's records are appended to ``output`` when it ends.
+    the batch at once on every turn; the batch's records are appended to ``output`` when it ends. ``chat`` is
+    the :class:`llm_gym.agent.chat.ChatFormat` (e.g. a ``history_window``); put what it changes in ``fingerprint``.
     """
     from llm_gym.agent.rollout import rollout
 
@@ -203,7 +209,7 @@ def evaluate(
     output = Path(output)
     env_kwargs = dict(env_kwargs or {})
     fp = dict(fingerprint)
-    done = load_done(output, fp) if resume else {}
+    done = load_done(output, fp, env_kwargs) if resume else {}
     if not resume and output.exists() and output.stat().st_size > 0:
         raise ValueError(
             f"{output} already has episodes; pass --resume to continue it or --overwrite to replace it"
@@ -219,7 +225,9 @@ def evaluate(
             for start in range(0, len(env_todo), batch_size):
                 chunk = env_todo[start : start + batch_size]
                 meta = {"eval": {**fp, "env_kwargs": env_kwargs}}
-                records = rollout(env_id, [u.seed for u in chunk], policy, env_kwargs=env_kwargs, meta=meta)
+                records = rollout(
+                    env_id, [u.seed for u in chunk], policy, env_kwargs=env_kwargs, chat=chat, meta=meta
+                )
                 for u, rec in zip(chunk, records):
                     rec.meta.update(sample=u.sample, group=u.seed, group_index=u.sample)
                     done[u] = rec
@@ -292,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=400, help="tokens per reply (RAGEN: 400)")
     p.add_argument(
+        "--history-window",
+        type=int,
+        default=None,
+        help="show the model only the last k turns (default: the full history, as in training)",
+    )
+    p.add_argument(
         "--batch-size", type=int, default=32, help="episodes played together (one generate per turn)"
     )
     p.add_argument("--concurrency", type=int, default=16, help="parallel requests with --endpoint")
@@ -310,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[int]]:
+    if a.history_window is not None and a.history_window < 1:
+        raise ValueError(f"--history-window must be >= 1, got {a.history_window}")
     if a.num_seeds < 1 or a.samples_per_seed < 1 or a.batch_size < 1 or a.seed_start < 0:
         raise ValueError(
             "--num-seeds, --samples-per-seed and --batch-size must be >= 1 and --seed-start >= 0"
@@ -350,6 +366,8 @@ def make_policy(a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from llm_gym.agent.chat import ChatFormat
+
     args = build_parser().parse_args(argv)
     try:
         env_ids, env_kwargs, ks = _check_args(args)
@@ -366,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "temperature": args.temperature,
             "top_p": args.top_p,
             "max_new_tokens": args.max_new_tokens,
+            "history_window": args.history_window,
         }
         seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
         result = evaluate(
@@ -376,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             output=episodes,
             fingerprint=fingerprint,
             env_kwargs=env_kwargs,
+            chat=ChatFormat(history_window=args.history_window),
             resume=args.resume,
             batch_size=args.batch_size,
             ks=ks,

@@ -31,9 +31,9 @@ def train_seeds(args: LLMGymGRPOConfig) -> list[int]:
     if args.num_train_seeds is not None:
         n = args.num_train_seeds
     elif args.max_steps and args.max_steps > 0:
-        ga = args.gradient_accumulation_steps
-        optimizer_steps_per_round = max(1, (args.steps_per_generation * args.num_iterations) // ga)
-        rounds = math.ceil(args.max_steps / optimizer_steps_per_round) + 1
+        # A round holds spg * num_iterations micro-batches; the config ensures ga divides it.
+        micro_batches = args.max_steps * args.gradient_accumulation_steps
+        rounds = math.ceil(micro_batches / (args.steps_per_generation * args.num_iterations)) + 1
         n = num_prompts * rounds
     else:
         n = 100_000

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -104,6 +105,8 @@ class ChatTemplateTokens:
         self.prefix_preserving: bool = full.startswith(prompt)
         eos = tokenizer.eos_token_id
         self.stop_ids: list[int] = sorted({self.end_of_turn_id, *([eos] if eos is not None else [])})
+        # Fail now, not at turn 2 of the first rollout, if the template rewrites history between turns.
+        self.between_turns_ids([*probe, {"role": "assistant", "content": _SENTINEL}], "U2")
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -331,7 +334,9 @@ class VLLMGenerate:
             )
         finally:
             self.vllm.max_completion_length = saved
-        lps = [[(lp[0] if lp and lp[0] is not None else 0.0) for lp in row] for row in logprobs]
+        # NaN marks a missing sampler log-prob: TRL's importance-sampling correction turns it into ratio 1,
+        # whereas 0.0 would claim probability 1 and distort the ratio.
+        lps = [[(float(lp[0]) if lp and lp[0] is not None else math.nan) for lp in row] for row in logprobs]
         return [list(r) for r in completion_ids], lps
 
 
@@ -377,7 +382,7 @@ class EnvRolloutFunc:
             max_new_tokens=args.max_new_tokens,
             max_completion_length=max_len,
             env_kwargs=args.make_env_kwargs(),
-            chat=args.chat_format(training=True),
+            chat=args.chat_format(),
             lockstep=lockstep,
             meta=meta,
             group_size=group_size,

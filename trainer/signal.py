@@ -583,6 +583,12 @@ class CollapseReportCallback(TrainerCallback):
 def make_signal_callbacks(trainer: Any) -> list[TrainerCallback]:
     """Callbacks the trainer registers: skip update, early stop, and the collapse-report writer."""
     signal_state(trainer)
+    if trainer.args.filter_strategy != "off" and getattr(trainer, "is_deepspeed_enabled", False):
+        logger.warning(
+            "SNR filtering under DeepSpeed: DeepSpeed steps the optimizer inside its engine, so a round in which "
+            "the filter keeps no group is NOT skipped; the update runs on masked rows and AdamW momentum and "
+            "weight decay still move the weights. Use DDP or FSDP for SNR filtering, or set filter_strategy=off."
+        )
     callbacks: list[TrainerCallback] = [SkipUpdateCallback(trainer), EmptyStopCallback(trainer)]
     if trainer.args.collapse_report:
         callbacks.append(

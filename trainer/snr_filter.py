@@ -101,6 +101,11 @@ def select_groups(
         return keep
     order = _order(s, cand)
     if strategy == "top_p":
+        if (
+            value >= 1.0
+        ):  # ragen.md 4.4: no filtering (the eps slack would otherwise drop the smallest groups)
+            keep[cand] = True
+            return keep
         total = s[cand].sum()
         if value * total <= eps:
             return keep  # the threshold cannot be reached: no signal in this batch

@@ -8,6 +8,7 @@ was invalid (using ``info["error"]``), and a window that keeps only the last ``k
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,11 +118,33 @@ def turn_text(
 EXAMPLE_SEED = 987_654
 
 
+def _demo_env(env: gym.Env) -> gym.Env:
+    """A copy of ``env`` with the same constructor arguments and no window, to be reset on its own."""
+    spec = getattr(env, "spec", None)
+    if spec is not None:
+        kwargs = {k: v for k, v in dict(spec.kwargs).items() if k != "render_mode"}
+        return gym.make(spec.id, **kwargs)
+    # Built directly: only a copy keeps its arguments (vocab, dataset...). The window is not copied, and task
+    # data is shared (read-only, cached per process) rather than duplicated.
+    base = _base(env)
+    memo: dict[int, Any] = {id(getattr(base, "_window", None)): None}
+    if hasattr(base, "data"):
+        memo[id(base.data)] = base.data
+    try:
+        demo = copy.deepcopy(base, memo)
+    except Exception as e:  # noqa: BLE001 (any copy failure gets the same explanation)
+        raise ValueError(
+            f"cannot build the one-shot example for {type(base).__name__}: it has no env.spec and cannot be "
+            f"copied ({e}); create it with gym.make(...)"
+        ) from e
+    demo.render_mode = None
+    return demo
+
+
 def example_exchange(env: gym.Env, fmt: ChatFormat | None = None) -> list[dict[str, str]]:
     """A demonstration turn: a fresh copy of ``env`` at :data:`EXAMPLE_SEED` and a well-formed answer."""
     fmt = fmt or ChatFormat()
-    spec = getattr(env, "spec", None)
-    demo = gym.make(spec.id, **dict(spec.kwargs)) if spec is not None else type(_base(env))()
+    demo = _demo_env(env)
     try:
         obs, _ = demo.reset(seed=EXAMPLE_SEED)
         user = turn_text(demo, obs, turn=1, fmt=fmt)

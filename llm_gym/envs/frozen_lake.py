@@ -131,7 +131,9 @@ class FrozenLakeEnv(TextEnv):
         self.size, self.p, self.success_rate = size, float(p), float(success_rate)
         self.observation_format = observation_format
         # Grid rows plus, for grid_coord, a header and up to size^2 "(r, c), " hole entries.
-        self.obs_max_length = size * (size + 1) + (0 if observation_format == "grid" else 200 + 12 * size * size)
+        self.obs_max_length = size * (size + 1) + (
+            0 if observation_format == "grid" else 200 + 12 * size * size
+        )
         super().__init__(**kwargs)
         self.desc: list[str] = []
         self._rows: list[str] = []

@@ -5,7 +5,8 @@
 * ``strict=True``: RAGEN's rule, equality after lowercasing and deleting all whitespace (:func:`normalize_strict`).
 * default: the same normalisation after unwrapping ``\\boxed{}``, ``$...$``, ``\\(...\\)``, ``\\text{}``,
   ``\\left``/``\\right``, a leading "The answer is" and a trailing period; then, when the gold answer is a number,
-  exact numeric equality (``0.5`` = ``1/2`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``3.0`` = ``3``), where the
+  exact numeric equality (``0.5`` = ``1/2`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``3.0`` = ``3``, the mixed
+  number ``3\\frac{1}{2}`` = ``3.5``), where the
   prediction may carry words or units around one lone number ("12 dollars", "x = 12"); then element-wise
   comparison of bracketed tuples such as ``(1, \\frac{1}{2})``.
 
@@ -27,8 +28,14 @@ MAX_LONE_TEXT = 200
 
 _ANSWER_IS = re.compile(r"the\s+(?:final\s+)?answer\s+is", re.IGNORECASE)
 _WRAPPER_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_FRAC = re.compile(r"\\frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+# A digit or point right before or after a fraction belongs to a mixed number or is ambiguous ("\\frac{1}{2}3"):
+# never glue it onto the numerator or denominator.
+_FRAC = re.compile(r"(?<![0-9.])\\frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}(?![0-9.])")
 _FRAC_SHORT = re.compile(r"\\frac\s*([0-9])\s*([0-9])")
+# "3\\frac{1}{2}" is the mixed number 3 + 1/2 (and "-3\\frac{1}{2}" is -(3 + 1/2)).
+_MIXED = re.compile(
+    r"(?<![\w.,^])(-?[0-9]{1,60})\s*\\frac\s*\{\s*([0-9]{1,60})\s*\}\s*\{\s*([0-9]{1,60})\s*\}(?![0-9.])"
+)
 _SIMPLE = re.compile(r"-?(?:[0-9][0-9,]*(?:\.[0-9]*)?|\.[0-9]+)")
 _THOUSANDS = re.compile(r"(?<![0-9,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])")
 _NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:/-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))?")
@@ -127,13 +134,20 @@ def clean_answer(text: str) -> str:
     return text
 
 
-def _canon(text: str) -> str:
-    return normalize_strict(text)
-
-
 def _simplify_fracs(text: str) -> str:
-    """``\\frac{a}{b}`` -> ``a/b`` when both parts are plain numbers (otherwise left for string comparison)."""
+    """``\\frac{a}{b}`` -> ``a/b`` when both parts are plain numbers, mixed numbers ``3\\frac{1}{2}`` -> ``7/2``
+    (otherwise left for string comparison)."""
     text = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", text)
+
+    def mixed(m: re.Match) -> str:
+        whole, num, den = m.group(1), int(m.group(2)), int(m.group(3))
+        if den == 0:
+            return m.group(0)
+        value = abs(int(whole)) + Fraction(num, den)
+        sign = "-" if whole.startswith("-") else ""
+        return f"{sign}{value.numerator}/{value.denominator}"
+
+    text = _MIXED.sub(mixed, text)
 
     def repl(m: re.Match) -> str:
         a, b = m.group(1).strip(), m.group(2).strip()
@@ -222,7 +236,7 @@ def _tuple_equivalent(pred: str, gold: str, depth: int) -> bool:
 
 
 def _equivalent(pred: str, gold: str, depth: int = 0) -> bool:
-    if _canon(pred) == _canon(gold):
+    if normalize_strict(pred) == normalize_strict(gold):
         return True
     gv = to_number(gold)
     if gv is None:

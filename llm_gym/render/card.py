@@ -36,7 +36,7 @@ def _frame(title: str, size: tuple[int, int]):
     pg.draw.rect(surf, COLORS["title_bar"], (0, 0, w, _TITLE_H))
     pg.draw.rect(surf, COLORS["panel_edge"], (0, 0, w, h), 1)
     f = font(22, bold=True)
-    lines = ellipsize(wrap_text(title, f, w - 2 * _PAD), 1, f, w - 2 * _PAD)
+    lines = ellipsize(wrap_text(title, f, w - 2 * _PAD, 1), 1, f, w - 2 * _PAD)
     blit_lines(surf, lines, f, (_PAD, (_TITLE_H - f.get_height()) // 2), COLORS["title_text"])
     return pg, surf
 
@@ -63,7 +63,7 @@ def _card_surface(title: str, question: str, answer: str, verdict: str, size: tu
     # Question: everything between the title bar and the answer box.
     y = blit_lines(surf, ["QUESTION"], label, (_PAD, _TITLE_H + 8), COLORS["muted"])
     room = max(0, (answer_top - 20 - y) // body.get_linesize())
-    blit_lines(surf, ellipsize(wrap_text(question, body, inner), room, body, inner), body, (_PAD, y))
+    blit_lines(surf, ellipsize(wrap_text(question, body, inner, room), room, body, inner), body, (_PAD, y))
     # Answer box.
     blit_lines(surf, ["ANSWER"], label, (_PAD, answer_top - label.get_linesize()), COLORS["muted"])
     box = pg.Rect(_PAD, answer_top, inner, answer_h)
@@ -71,14 +71,14 @@ def _card_surface(title: str, question: str, answer: str, verdict: str, size: tu
     pg.draw.rect(surf, COLORS["panel_edge"], box, 1)
     shown = answer if answer else "(no answer yet)"
     color = COLORS["text"] if answer else COLORS["muted"]
-    lines = ellipsize(wrap_text(shown, body, inner - 12), 2, body, inner - 12)
+    lines = ellipsize(wrap_text(shown, body, inner - 12, 2), 2, body, inner - 12)
     blit_lines(surf, lines, body, (_PAD + 6, answer_top + 6), color)
     # Verdict pill.
     pill = pg.Rect(_PAD, h - _PAD - verdict_h, inner, verdict_h)
     vcolor = verdict_color(verdict)
     pg.draw.rect(surf, vcolor, pill, border_radius=6)
     text = verdict if verdict else "waiting for an answer"
-    line = ellipsize(wrap_text(text, body, inner - 12), 1, body, inner - 12)
+    line = ellipsize(wrap_text(text, body, inner - 12, 1), 1, body, inner - 12)
     blit_lines(surf, line, body, (_PAD + 6, pill.y + 6), COLORS["title_text"])
     return surf
 
@@ -89,6 +89,6 @@ def draw_text_card(text: str, title: str = "observation", size: tuple[int, int] 
     w, h = size
     body = font(20)
     room = max(1, (h - _TITLE_H - 2 * _PAD) // body.get_linesize())
-    lines = ellipsize(wrap_text(text, body, w - 2 * _PAD), room, body, w - 2 * _PAD)
+    lines = ellipsize(wrap_text(text, body, w - 2 * _PAD, room), room, body, w - 2 * _PAD)
     blit_lines(surf, lines, body, (_PAD, _TITLE_H + _PAD))
     return surf

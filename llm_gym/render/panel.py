@@ -96,7 +96,7 @@ def draw_caption(view: TurnView, size: tuple[int, int], *, scroll: int = 0, font
     inner = w - 2 * _PAD
     y = _PAD
     head = f"Turn {view.state + 1}/{view.n_turns}" if not view.final else f"End  [{view.status}]"
-    y = blit_lines(surf, ellipsize(wrap_text(head, bold, inner), 1, bold, inner), bold, (_PAD, y))
+    y = blit_lines(surf, ellipsize(wrap_text(head, bold, inner, 1), 1, bold, inner), bold, (_PAD, y))
     # The bottom block (actions, reward, error) has a fixed place; reasoning fills the space above it.
     bottom: list[tuple[str, tuple[int, int, int]]] = []
     if not view.final:
@@ -110,7 +110,7 @@ def draw_caption(view: TurnView, size: tuple[int, int], *, scroll: int = 0, font
             bottom.append((f"Invalid: {view.error}", COLORS["warning"]))
     bottom_lines: list[tuple[str, tuple[int, int, int]]] = []
     for text, color in bottom:
-        bottom_lines += [(line, color) for line in ellipsize(wrap_text(text, body, inner), 2, body, inner)]
+        bottom_lines += [(line, color) for line in ellipsize(wrap_text(text, body, inner, 2), 2, body, inner)]
     step = body.get_linesize()
     bottom_top = h - _PAD - step * len(bottom_lines)
     for i, (line, color) in enumerate(bottom_lines):

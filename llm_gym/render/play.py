@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.core.parsing import ACTION_SEP, format_response
@@ -66,8 +67,11 @@ class PlaySession:
 
     def new_episode(self) -> None:
         seed = self._next_seed
+        if seed is None:
+            # A concrete seed, recorded, so that the episode can be replayed and verified.
+            seed = int(np.random.SeedSequence().entropy) % 2**32
         obs, _ = self.env.reset(seed=seed)
-        self._next_seed = None if seed is None else seed + 1
+        self._next_seed = seed + 1
         self.records.append(
             EpisodeRecord(
                 env_id=self.env_id,
@@ -155,9 +159,8 @@ def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
     rec = session.record
     f, small = font(18), font(16)
     pg.draw.rect(surf, COLORS["title_bar"], (0, 0, w, _BAR_H))
-    seed = "none" if rec.seed is None else rec.seed
     top = (
-        f"{session.env_id}   seed {seed}   episode {len(session.records)}   turn {len(rec.turns)}   "
+        f"{session.env_id}   seed {rec.seed}   episode {len(session.records)}   turn {len(rec.turns)}   "
         f"total reward {rec.total_reward:+.2f}"
     )
     blit_lines(surf, ellipsize([top], 1, f, w - 20), f, (10, 8), COLORS["title_text"])
@@ -179,7 +182,7 @@ def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
     instructions = getattr(base, "instructions", "") or ""
     blit_lines(
         surf,
-        ellipsize(wrap_text(instructions, small, inner), room, small, inner),
+        ellipsize(wrap_text(instructions, small, inner, room), room, small, inner),
         small,
         (x, _BAR_H + 10),
         COLORS["muted"],
@@ -187,7 +190,9 @@ def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
     color = COLORS["warning"] if session.message.startswith("invalid") else COLORS["text"]
     if session.done:
         color = COLORS["correct"] if rec.success else COLORS["incorrect"]
-    blit_lines(surf, ellipsize(wrap_text(session.message, f, inner), 2, f, inner), f, (x, status_top), color)
+    blit_lines(
+        surf, ellipsize(wrap_text(session.message, f, inner, 2), 2, f, inner), f, (x, status_top), color
+    )
     hint = (
         "type an answer or actions, then Enter"
         if not session.arrow_actions

@@ -42,10 +42,21 @@ def clean(text: object) -> str:
     )
 
 
-def wrap_text(text: str, fnt, width: int) -> list[str]:
-    """Lines of ``text`` that each fit in ``width`` pixels; keeps explicit newlines, splits over-long words."""
+def wrap_text(text: str, fnt, width: int, max_lines: int | None = None) -> list[str]:
+    """Lines of ``text`` that each fit in ``width`` pixels; keeps explicit newlines, splits over-long words.
+
+    With ``max_lines``, only the start of ``text`` is wrapped (cost independent of its length) and at most
+    ``max_lines + 1`` lines come back: more than ``max_lines`` means the text goes on (see :func:`ellipsize`)."""
     if width <= 0:
         raise ValueError(f"wrap width must be positive, got {width}")
+    text = str(text)
+    cut = False
+    if max_lines is not None:
+        # A visible glyph is at least a pixel wide, so max_lines + 1 lines (each with its break: a space or
+        # "\r\n") hold at most this many characters; zero-width marks or long space runs only cut earlier.
+        budget = (max(0, max_lines) + 1) * (width + 2)
+        cut = len(text) > budget
+        text = text[:budget]
     out: list[str] = []
     for para in clean(text).split("\n"):
         line = ""
@@ -62,7 +73,11 @@ def wrap_text(text: str, fnt, width: int) -> list[str]:
                 *full, line = _split_long_word(word, fnt, width) or [""]
                 out.extend(full)
         out.append(line)
-    return out
+    if max_lines is None:
+        return out
+    if cut and len(out) <= max_lines:
+        out.append("")  # the text was cut: mark that it goes on
+    return out[: max(0, max_lines) + 1]
 
 
 def ellipsize(lines: list[str], max_lines: int, fnt, width: int) -> list[str]:

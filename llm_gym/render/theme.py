@@ -50,8 +50,6 @@ BOARD_MAX_PX = 384
 CELL_MIN, CELL_MAX = 12, 64
 #: Size of answer cards and of the text-card fallback.
 CARD_SIZE = (480, 320)
-#: Default font size for body text (pygame's bundled font).
-FONT_SIZE = 20
 
 
 def auto_cell(n_rows: int, n_cols: int, max_px: int = BOARD_MAX_PX) -> int:

@@ -242,10 +242,10 @@ def draw_viewer(state: ViewerState, size: tuple[int, int] = VIEWER_SIZE):
         f"{len(rec.turns)} turns   total reward {rec.total_reward:+.2f}   {result}"
         + ("   [playing]" if state.playing else "")
     )
-    blit_lines(surf, ellipsize(wrap_text(top, f, w - 20), 1, f, w - 20), f, (10, 8), COLORS["title_text"])
+    blit_lines(surf, ellipsize(wrap_text(top, f, w - 20, 1), 1, f, w - 20), f, (10, 8), COLORS["title_text"])
     y0 = _BAR_H
     if data.problem:
-        lines = ellipsize(wrap_text(data.problem, f, w - 20), 2, f, w - 20)
+        lines = ellipsize(wrap_text(data.problem, f, w - 20, 2), 2, f, w - 20)
         pg.draw.rect(surf, COLORS["highlight"], (0, y0, w, 8 + f.get_linesize() * len(lines)))
         y0 = blit_lines(surf, lines, f, (10, y0 + 4), COLORS["warning"]) + 4
     bottom = h - _BAR_H

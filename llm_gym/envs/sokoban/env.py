@@ -82,7 +82,7 @@ class SokobanEnv(TextEnv):
     executed actions.
 
     ## Arguments
-    ``dim_room`` ((6, 6)), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
+    ``dim_room`` ((6, 6); a larger room gets an observation space that fits it), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
     episode's ``max_actions``, so every generated level can be solved in the budget), ``observation_format``
     (``"grid"`` / ``"grid_coord"``), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
     ``level_file`` (``None``, ``"sample"`` or an XSB path; the level is picked by seed or
@@ -148,6 +148,12 @@ class SokobanEnv(TextEnv):
         elif not isinstance(generator, GeneratorConfig):
             raise ValueError(f"generator must be a GeneratorConfig, got {type(generator).__name__}")
         self.generator = generator
+        rows, cols = generator.dim_room
+        needed = self._size_bound(rows, cols, generator.num_boxes)
+        if needed > self.obs_max_length:
+            # Rooms larger than the default space get a space that fits them (checked again at every reset).
+            self.obs_max_length = needed
+            self.observation_space = self._make_observation_space()
         self._solutions: dict[int, tuple[str, int | None]] = {}
         self._level: SokobanLevel | None = None
         self._boxes: set[Cell] = set()
@@ -334,7 +340,10 @@ class SokobanEnv(TextEnv):
 
     def _obs_bound(self, level: SokobanLevel) -> int:
         """An upper bound on the observation length for ``level`` in this env's format."""
-        grid = level.height * (level.width + 1)
+        return self._size_bound(level.height, level.width, len(level.goals))
+
+    def _size_bound(self, rows: int, cols: int, goals: int) -> int:
+        grid = rows * (cols + 1)
         if self.observation_format == "grid":
             return grid
-        return grid + 200 + 16 * (2 * len(level.goals) + 1)
+        return grid + 200 + 16 * (2 * goals + 1)

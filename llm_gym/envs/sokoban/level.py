@@ -19,7 +19,6 @@ Cell = tuple[int, int]
 
 #: XSB characters accepted on a board line.
 XSB_CHARS = "#@+$*. -_"
-_FLOOR = " -_"
 
 
 @dataclass(frozen=True)
