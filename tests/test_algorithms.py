@@ -17,6 +17,7 @@ def test_names_and_rows_of_ragen2_table():
     assert dr["loss_type"] == "dr_grpo" and dr["scale_rewards"] == "none"
     assert (dapo["epsilon"], dapo["epsilon_high"]) == (0.2, 0.28)
     assert ppo["epsilon_high"] == 0.2
+    assert grpo["epsilon_high"] == dr["epsilon_high"] == 0.28  # RAGEN-2 App. B.2 protocol
     assert ppo["gae_gamma"] == ppo["gae_lambda"] == 1.0
     for o in (ppo, dapo, grpo, dr):
         assert o["beta"] == 0.0 and o["entropy_coef"] == 0.001

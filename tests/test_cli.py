@@ -163,7 +163,7 @@ def test_layers_preset_cli_yaml_set(tmp_path):
     assert cfg.env == "llmgym/FrozenLake-v0"
     assert meta["model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["algo"] == "grpo"
     assert cfg.num_generations == 16 and cfg.generation_batch_size == 128  # preset: 8 x 16
-    assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.2 and cfg.beta == 0.0 and cfg.temperature == 1.0
+    assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.28 and cfg.beta == 0.0 and cfg.temperature == 1.0
     assert cfg.max_new_tokens == 123  # YAML file over preset
     assert cfg.learning_rate == 2e-6  # command line over YAML file
     assert cfg.max_turns == 4  # --set over everything
@@ -188,8 +188,8 @@ def test_algorithm_owns_the_clip_range_over_env_presets(tmp_path, env):
         cfg, _ = resolve_config(argv, gpu=True, log=lambda *_: None)
         return cfg.epsilon, cfg.epsilon_high
 
-    assert clip("ppo") == clip("grpo") == clip("drgrpo") == (0.2, 0.2)
-    assert clip("dapo") == (0.2, 0.28)
+    assert clip("ppo") == (0.2, 0.2)
+    assert clip("dapo") == clip("grpo") == clip("drgrpo") == (0.2, 0.28)
 
 
 def test_cpu_settings_unless_overridden(tmp_path):

@@ -9,7 +9,10 @@ RAGEN-2 (reference ``ragen.md`` §4.5) runs four algorithms through veRL:
 | grpo   | group, std-scaled  | seq-mean-token-mean  |                        |
 | drgrpo | group, mean only   | seq-mean-token-sum   |                        |
 
-and all share no KL loss and an entropy bonus of 0.001. In TRL's terms: token-mean is ``loss_type="dapo"``
+and all share no KL loss and an entropy bonus of 0.001. Clip range: RAGEN-2's appendix lists 0.2/0.28 for its
+runs while its table names clip-higher only on the DAPO row. The critic-free presets (the default ``grpo``, and
+``drgrpo``) use the appendix's 0.2/0.28, which is the protocol ``llmgym-train --env X`` promises; ``ppo`` keeps the
+symmetric 0.2 so that ``dapo`` (= PPO + clip-higher) stays a distinct row. In TRL's terms: token-mean is ``loss_type="dapo"``
 (normalised by active tokens of the batch), seq-mean-token-mean is ``"grpo"``, seq-mean-token-sum is
 ``"dr_grpo"`` (TRL divides the token sum by ``max_completion_length``, a constant factor). Note that RAGEN-2's
 "DAPO" keeps the critic: it is PPO with clip-higher, not the critic-free DAPO paper recipe.
@@ -64,14 +67,14 @@ ALGORITHMS: dict[str, Algorithm] = {
         "GRPO: group-mean baseline divided by the group std; seq-mean-token-mean loss",
         "group",
         "seq-mean-token-mean",
-        {**_COMMON, "loss_type": "grpo", "scale_rewards": "group", "epsilon_high": 0.2},
+        {**_COMMON, "loss_type": "grpo", "scale_rewards": "group", "epsilon_high": 0.28},
     ),
     "drgrpo": Algorithm(
         "drgrpo",
         "Dr. GRPO: group-mean baseline without std normalisation; seq-mean-token-sum loss",
         "group",
         "seq-mean-token-sum",
-        {**_COMMON, "loss_type": "dr_grpo", "scale_rewards": "none", "epsilon_high": 0.2},
+        {**_COMMON, "loss_type": "dr_grpo", "scale_rewards": "none", "epsilon_high": 0.28},
     ),
 }
 
