@@ -17,8 +17,7 @@ import sys
 import tempfile
 import time
 
-for _k, _v in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
-    os.environ.setdefault(_k, _v)
+import _offline  # noqa: F401  (offline env vars and repo path, before any torch import)
 
 
 def reference_loop(model, tok, env_id: str, seeds: list[int], sampling, env_kwargs: dict) -> tuple[int, int]:

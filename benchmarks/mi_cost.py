@@ -18,19 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-for _k, _v in {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRL_EXPERIMENTAL_SILENCE": "1",
-}.items():
-    os.environ.setdefault(_k, _v)
+import _offline  # noqa: F401  (offline env vars and repo path, before any torch import)
 
 
 def run(

@@ -4,7 +4,7 @@
 """
 
 from llm_gym.core import AnyText, ParsedResponse, RewardComponent, RewardSpec, TextEnv, parse_response
-from llm_gym.registration import ENVS, EnvEntry, list_envs, register_all
+from llm_gym.registration import ENVS, EnvEntry, list_envs, register_all, resolve_env_id
 
 __version__ = "0.1.0"
 
@@ -21,4 +21,5 @@ __all__ = [
     "list_envs",
     "parse_response",
     "register_all",
+    "resolve_env_id",
 ]

@@ -12,25 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-
-def resolve_env_id(name: str) -> str:
-    """A registered id from a short name: ``Sokoban``, ``sokoban``, ``Sokoban-v0`` and ``llmgym/Sokoban-v0``
-    all give ``llmgym/Sokoban-v0``; other registered Gymnasium ids pass through. Unknown names raise
-    ``ValueError`` listing the llm-gym ids."""
-    import gymnasium as gym
-
-    from llm_gym.registration import NAMESPACE, list_envs
-
-    name = name.strip()
-    if name in gym.registry:
-        return name
-    ids = list_envs()
-    bare = name.split("/", 1)[1] if name.lower().startswith(NAMESPACE.lower() + "/") else name
-    for env_id in ids:
-        full = env_id.split("/", 1)[1]
-        if bare.lower() in (full.lower(), full.rsplit("-v", 1)[0].lower()):
-            return env_id
-    raise ValueError(f"unknown environment {name!r}; known: {', '.join(ids)}")
+from llm_gym.registration import resolve_env_id
 
 
 def _load(path: str):

@@ -144,3 +144,31 @@ def register_all() -> None:
 def list_envs() -> list[str]:
     """All registered llm-gym ids, in table order."""
     return [e.id for e in ENVS]
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def resolve_env_id(name: str) -> str:
+    """A registered id from what a person types on a command line.
+
+    ``Sokoban``, ``sokoban``, ``Sokoban-v0``, ``frozen_lake`` and ``llmgym/Sokoban-v0`` resolve to the llm-gym id
+    (case, ``_`` and ``-`` ignored; the version may be left out); any other registered Gymnasium id passes
+    through. Unknown names raise ``ValueError`` listing the choices.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("env must be a name such as FrozenLake or an id such as llmgym/Sokoban-v0")
+    name = name.strip()
+    if name in gym.registry:
+        return name
+    bare = name.split("/", 1)[1] if name.lower().startswith(NAMESPACE.lower() + "/") else name
+    for env_id in list_envs():
+        full = env_id.split("/", 1)[1]
+        if _norm(bare) in (_norm(full), _norm(full.rsplit("-v", 1)[0])):
+            return env_id
+    shorts = ", ".join(dict.fromkeys(e.split("/", 1)[1].rsplit("-v", 1)[0] for e in list_envs()))
+    raise ValueError(
+        f"unknown environment {name!r}; choose from the short names ({shorts}) "
+        f"or a registered id (known: {', '.join(list_envs())})"
+    )

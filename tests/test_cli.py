@@ -69,17 +69,6 @@ def test_missing_model_fails_fast(capsys, tmp_path, no_model_load):
     )
 
 
-def test_model_folder_without_chat_template_fails_fast(capsys, tmp_path, tiny_dir, no_model_load):
-    bare = tmp_path / "bare"
-    shutil.copytree(tiny_dir, bare)
-    (bare / "chat_template.jinja").unlink(missing_ok=True)
-    cfg = bare / "tokenizer_config.json"
-    data = json.loads(cfg.read_text())
-    data.pop("chat_template", None)
-    cfg.write_text(json.dumps(data))
-    _fails(capsys, ["--env", "Bandit", "--model", str(bare)], "no chat template")
-
-
 def _bare_copy(tiny_dir, tmp_path):
     bare = tmp_path / "bare"
     shutil.copytree(tiny_dir, bare)
@@ -89,6 +78,11 @@ def _bare_copy(tiny_dir, tmp_path):
     data.pop("chat_template", None)
     cfg.write_text(json.dumps(data))
     return bare
+
+
+def test_model_folder_without_chat_template_fails_fast(capsys, tmp_path, tiny_dir, no_model_load):
+    bare = _bare_copy(tiny_dir, tmp_path)
+    _fails(capsys, ["--env", "Bandit", "--model", str(bare)], "no chat template")
 
 
 def test_chat_template_option_rescues_a_model_without_template(monkeypatch, tmp_path, tiny_dir):

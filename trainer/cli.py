@@ -66,15 +66,16 @@ def _short(env: str) -> str:
 
 
 def preset_path(env: str) -> Path | None:
-    """The preset YAML for ``env`` (a short name or an id), if one exists."""
+    """The preset YAML for ``env`` (any name ``resolve_env_id`` accepts), if one exists."""
+    from llm_gym.registration import resolve_env_id
     from trainer.config import ENV_SHORT_NAMES
 
-    key = env.strip().lower().replace("_", "").replace("-", "")
-    if key in ENV_SHORT_NAMES:
-        p = PRESET_DIR / f"{key}.yaml"
-        return p if p.is_file() else None
-    for short, env_id in ENV_SHORT_NAMES.items():
-        if env.strip() == env_id:
+    try:
+        env_id = resolve_env_id(env)
+    except ValueError:
+        return None  # the config's own validation reports the unknown name
+    for short, preset_id in ENV_SHORT_NAMES.items():
+        if preset_id == env_id:
             p = PRESET_DIR / f"{short}.yaml"
             return p if p.is_file() else None
     return None

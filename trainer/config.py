@@ -14,6 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat
+from llm_gym.registration import resolve_env_id
 from trainer.ppo_args import PPOArguments
 from trainer.signal import SignalArguments
 
@@ -25,29 +26,6 @@ ENV_SHORT_NAMES: dict[str, str] = {
     "countdown": "llmgym/Countdown-v0",
     "metamathqa": "llmgym/MetaMathQA-v0",
 }
-
-
-def resolve_env_id(name: str) -> str:
-    """``FrozenLake`` / ``frozen_lake`` / ``llmgym/FrozenLake-v0`` -> a registered id, else ``ValueError``."""
-    import gymnasium as gym
-
-    import llm_gym  # noqa: F401  (registers the ids)
-
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(
-            "env must be an environment name such as FrozenLake or an id such as llmgym/Sokoban-v0"
-        )
-    key = name.strip()
-    short = key.lower().replace("_", "").replace("-", "")
-    candidates = [ENV_SHORT_NAMES.get(short), key, f"llmgym/{key}", f"llmgym/{key}-v0"]
-    for cand in candidates:
-        if cand and cand in gym.registry:
-            return cand
-    known = sorted(k for k in gym.registry if k.startswith("llmgym/"))
-    raise ValueError(
-        f"unknown environment {name!r}; use a short name ({', '.join(sorted(ENV_SHORT_NAMES))}) "
-        f"or one of the registered ids: {', '.join(known)}"
-    )
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.agent.records import EpisodeRecord, iter_records, write_records
+from llm_gym.registration import resolve_env_id
 
 #: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed`` 10000).
 DEFAULT_SEED_START = 123
@@ -59,26 +60,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ envs, units
-def resolve_env_id(name: str) -> str:
-    """``FrozenLake`` / ``frozenlake`` / ``FrozenLake-v0`` / ``llmgym/FrozenLake-v0`` -> the registered id."""
-    from llm_gym.registration import list_envs
-
-    ids = list_envs()
-    if name in ids:
-        return name
-
-    def short(i: str) -> str:
-        return i.split("/", 1)[-1].lower()
-
-    key = name.strip().lower().removeprefix("llmgym/")
-    for i in ids:
-        s = short(i)
-        if key in (s, s.rsplit("-v", 1)[0]):
-            return i
-    shorts = ", ".join(i.split("/", 1)[-1].rsplit("-v", 1)[0] for i in ids)
-    raise ValueError(f"unknown environment {name!r}; choose from: {shorts} (or a full id such as {ids[0]})")
-
-
 @dataclass(frozen=True)
 class Unit:
     """One episode to play: environment, reset seed and sample index (``n`` samples share a seed)."""
