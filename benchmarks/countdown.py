@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from llm_gym.envs.countdown import check_answer, generate_puzzle
+from llm_gym.envs.countdown.env import check_answer, generate_puzzle
 
 NUM_COUNT, NUMBER_RANGE, TARGET_RANGE = (3, 4), (1, 99), (10, 100)
 

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 import llm_gym  # noqa: F401  (registers llmgym/* ids)
-from llm_gym.envs.frozen_lake import ACTIONS
+from llm_gym.envs.frozen_lake.env import ACTIONS
 
 
 def run(env: gym.Env, actions: list, steps: int) -> tuple[float, float, int]:

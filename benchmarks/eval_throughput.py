@@ -73,10 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     import torch
-
-    from trainer.evaluate import evaluate, resolve_env_id
-    from trainer.models import build_tiny_model, load_model_and_tokenizer
-    from trainer.policies import HFPolicy, SamplingParams
+    from llm_gym.trainer.evaluate import evaluate, resolve_env_id
+    from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
+    from llm_gym.trainer.policies import HFPolicy, SamplingParams
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     name = build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_")) if a.model == "tiny" else a.model

@@ -1,6 +1,6 @@
 """Cost of the SNR filter itself as a fraction of the training step (RAGEN-2: < 0.1% of iteration time).
 
-Times ``trainer.signal.after_scoring`` with MI off (group scoring, top_p selection, physical row
+Times ``trainer.callbacks.after_scoring`` with MI off (group scoring, top_p selection, physical row
 removal, ``num_items_in_batch`` recomputation, metrics) on a full rollout batch, against the update
 of the same unfiltered batch (loss forward+backward+optimizer, through the real trainer) in the same
 run; both in process CPU seconds (min of repeats for the filter). The update is only part of a step (rollouts come on top) and the model here is small, so the

@@ -1,7 +1,7 @@
 """Update time with SNR filtering vs the same batch without it (RAGEN-2's step-time saving).
 
 One rollout batch of P groups x G samples (synthetic token ids, realistic masks) goes through the
-real ``LLMGymGRPOTrainer`` update path: ``trainer.signal.after_scoring`` (filter), TRL's shuffle and
+real ``LLMGymGRPOTrainer`` update path: ``trainer.callbacks.after_scoring`` (filter), TRL's shuffle and
 ``split_tensor_dict`` into ``steps_per_generation`` micro-batches, ``compute_loss`` + ``backward`` per
 micro-batch, one ``optimizer.step()``. Only the update is timed, in process CPU seconds (min of repeats), so
 other processes on a shared machine do not distort it. The reference is the unfiltered batch
@@ -30,11 +30,10 @@ def build_trainer(
 ):
     """A real ``LLMGymGRPOTrainer`` around a random Qwen2 of the given size (no rollouts are run)."""
     import torch
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.models import build_tiny_tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from trainer.config import LLMGymGRPOConfig
-    from trainer.grpo import LLMGymGRPOTrainer
-    from trainer.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
@@ -110,7 +109,7 @@ def synthetic_batch(tr, prompt_len: int, completion_len: int, kept_groups: int, 
 
 def filtered(tr, out, rewards, strategy: str, drop: str = "remove"):
     """Run the real filter hook on a copy of ``out`` with the given strategy."""
-    from trainer.signal import after_scoring
+    from llm_gym.trainer.callbacks import after_scoring
 
     tr.args.filter_strategy, tr.args.filter_drop = strategy, drop
     tr._last_rewards_per_func = rewards

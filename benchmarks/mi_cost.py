@@ -28,9 +28,9 @@ def run(
     path: str, a: argparse.Namespace, mi_every: int, scorer: str = "cached"
 ) -> tuple[float, float, dict[str, float]]:
     """Train; returns (train CPU seconds, summed step_time, summed MI seconds per scope)."""
-    from trainer.config import LLMGymGRPOConfig
-    from trainer.grpo import LLMGymGRPOTrainer
-    from trainer.models import load_model_and_tokenizer
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.models import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(path, dtype="float32")
     args = LLMGymGRPOConfig(
@@ -92,14 +92,13 @@ def main() -> None:
     a = p.parse_args()
 
     import torch
-
-    from trainer.models import build_tiny_model
+    from llm_gym.trainer.models import build_tiny_model
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if a.model == "tiny":
         path = build_tiny_model(tempfile.mkdtemp())
     else:
-        from trainer.models import resolve_model
+        from llm_gym.trainer.models import resolve_model
 
         path = resolve_model(a.model)
     cpu_off, step_off, _ = run(path, a, mi_every=0)

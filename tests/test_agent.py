@@ -197,7 +197,7 @@ def test_one_shot_example_of_a_directly_built_env_keeps_its_arguments():
     state = user.split("State:\n", 1)[1].split("\nYou have", 1)[0]
     assert REMAPPED_VOCAB["wall"] in state and "#" not in state  # remapped symbols, not the default ones
     assert env.board() == before  # the demonstration did not touch the env
-    from llm_gym.envs.metamathqa import MetaMathQAEnv
+    from llm_gym.envs.metamathqa.env import MetaMathQAEnv
 
     math = MetaMathQAEnv(dataset="sample")  # offline: the demo must not fall back to the hub dataset
     assert Conversation(math, ChatFormat(one_shot=True)).example[1]["content"] == math.example_response()

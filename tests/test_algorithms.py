@@ -3,9 +3,8 @@
 import dataclasses
 
 import pytest
-
-from trainer.algorithms import ALGORITHMS, algorithm_overrides, get_algorithm, trainer_class
-from trainer.ppo_args import PPOArguments
+from llm_gym.trainer.algorithms import ALGORITHMS, algorithm_overrides, get_algorithm, trainer_class
+from llm_gym.trainer.ppo_args import PPOArguments
 
 
 def test_names_and_rows_of_ragen2_table():
@@ -60,7 +59,7 @@ def test_aliases_and_unknown_names():
 
 
 def test_trainer_class():
-    from trainer.ppo import LLMGymPPOTrainer
+    from llm_gym.trainer.ppo import LLMGymPPOTrainer
 
     assert trainer_class("ppo") is LLMGymPPOTrainer
     assert trainer_class("dapo") is LLMGymPPOTrainer

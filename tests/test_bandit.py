@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import llm_gym  # noqa: F401
-from llm_gym.envs.bandit import TEST_PAIRS, TRAIN_PAIRS
+from llm_gym.envs.bandit.env import TEST_PAIRS, TRAIN_PAIRS
 
 
 def answer(name: str) -> str:

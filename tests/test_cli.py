@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-import trainer.models as models  # noqa: E402
-from trainer.cli import CPU_SETTINGS, main, resolve_config  # noqa: E402
+import llm_gym.trainer.models as models  # noqa: E402
+from llm_gym.trainer.cli import CPU_SETTINGS, main, resolve_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_model_folder_without_chat_template_fails_fast(capsys, tmp_path, tiny_di
 
 
 def test_chat_template_option_rescues_a_model_without_template(monkeypatch, tmp_path, tiny_dir):
-    import trainer.cli as cli
+    import llm_gym.trainer.cli as cli
 
     bare = _bare_copy(tiny_dir, tmp_path)
     jinja = tmp_path / "t.jinja"
@@ -254,7 +254,7 @@ def test_two_process_ddp_run_gathers_records_and_keeps_ranks_in_lockstep(tiny_di
         "--nproc_per_node",
         "2",
         "-m",
-        "trainer.cli",
+        "llm_gym.trainer.cli",
         "--env",
         "FrozenLake",
         "--model",

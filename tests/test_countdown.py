@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.envs import task_data
-from llm_gym.envs.arith import Reachable, evaluate
-from llm_gym.envs.countdown import CountdownEnv, check_answer, generate_puzzle
+from llm_gym.envs.countdown.arith import Reachable, evaluate
+from llm_gym.envs.countdown.env import CountdownEnv, check_answer, generate_puzzle
 
 COUNTDOWN_IDS = ["llmgym/Countdown-v0", "llmgym/Countdown4-v0", "llmgym/CountdownAtMostOnce-v0"]
 
@@ -260,7 +260,7 @@ def test_data_mode_bad_files(tmp_path):
 def test_hub_dataset_offline_error(tmp_path):
     code = textwrap.dedent(
         """
-        from llm_gym.envs.countdown import CountdownEnv, RAGEN_DATASET
+        from llm_gym.envs.countdown.env import CountdownEnv, RAGEN_DATASET
         try:
             CountdownEnv(dataset=RAGEN_DATASET)
         except RuntimeError as e:

@@ -1,4 +1,4 @@
-"""The safe expression evaluator and the exact Countdown solver (llm_gym.envs.arith)."""
+"""The safe expression evaluator and the exact Countdown solver (llm_gym.envs.countdown.arith)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_gym.envs.arith import Reachable, evaluate, format_number, reachable, solve
+from llm_gym.envs.countdown.arith import Reachable, evaluate, format_number, reachable, solve
 
 
 @pytest.mark.parametrize(

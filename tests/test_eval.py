@@ -9,9 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from llm_gym.agent.records import read_records
-from trainer.evaluate import (
+from llm_gym.trainer.evaluate import (
     EPISODES_FILE,
     SUMMARY_FILE,
     evaluate,
@@ -22,7 +20,9 @@ from trainer.evaluate import (
     summarize_env,
     wilson_interval,
 )
-from trainer.policies import EndpointError, OpenAIPolicy, SamplingParams
+from llm_gym.trainer.policies import EndpointError, OpenAIPolicy, SamplingParams
+
+from llm_gym.agent.records import read_records
 
 GOOD = "<think>go right</think><answer>Right</answer>"
 FP = {"model": "scripted", "endpoint": None, "temperature": 0.5, "top_p": 1.0, "max_new_tokens": 8}
@@ -148,8 +148,8 @@ def test_resume_refuses_other_settings(tmp_path):
 
 
 def test_default_seeds_are_validation_seeds_not_training_seeds():
-    from trainer.config import LLMGymGRPOConfig
-    from trainer.evaluate import build_parser
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.evaluate import build_parser
 
     start = build_parser().parse_args(["--model", "m"]).seed_start
     defaults = {f.name: f.default for f in LLMGymGRPOConfig.__dataclass_fields__.values()}
@@ -325,13 +325,13 @@ def test_sampling_params_validation():
 # ------------------------------------------------------------------------------------------------ HF model
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from trainer.models import build_tiny_model
+    from llm_gym.trainer.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_eval"))
 
 
 def test_hf_policy_batched_matches_single(tiny_dir):
-    from trainer.policies import HFPolicy
+    from llm_gym.trainer.policies import HFPolicy
 
     policy = HFPolicy.from_pretrained(
         tiny_dir, SamplingParams(temperature=0.0, max_new_tokens=6), device="cpu"

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import llm_gym  # noqa: F401
-from llm_gym.envs.frozen_lake import ACTIONS, _has_path, generate_map
+from llm_gym.envs.frozen_lake.env import ACTIONS, _has_path, generate_map
 
 MOVE = "<think>t</think><answer>{}</answer>"
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
+from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
 
 # Row layout: model, model, env, env, model, pad.  The 9.0 values sit on non-model tokens and must be ignored.
 MASK = torch.tensor([[1, 1, 0, 0, 1, 0]])

@@ -1,4 +1,4 @@
-"""Answer extraction and equivalence for math answers (llm_gym.envs.math_check)."""
+"""Answer extraction and equivalence for math answers (llm_gym.envs.metamathqa.math_check)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_gym.envs.math_check import (
+from llm_gym.envs.metamathqa.math_check import (
     clean_answer,
     extract_gold,
     is_equivalent,

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.core import AnyText
 from llm_gym.envs import task_data
-from llm_gym.envs.math_check import extract_gold
-from llm_gym.envs.metamathqa import INCORRECT_TEXT, SAMPLE_PATH, MetaMathQAEnv
+from llm_gym.envs.metamathqa.env import INCORRECT_TEXT, SAMPLE_PATH, MetaMathQAEnv
+from llm_gym.envs.metamathqa.math_check import extract_gold
 
 
 def answer(text: str) -> str:

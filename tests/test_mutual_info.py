@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from trainer.mutual_info import (
+from llm_gym.trainer.mutual_info import (
     EmaState,
     Episode,
     cached_forwards,

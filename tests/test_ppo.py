@@ -4,11 +4,10 @@ import os
 
 import pytest
 import torch
-
-from trainer.algorithms import algorithm_overrides
-from trainer.config import LLMGymGRPOConfig
-from trainer.models import build_tiny_model, load_model_and_tokenizer
-from trainer.ppo import OLD_VALUES, RETURNS, VALUE_HEAD_FILE, LLMGymPPOTrainer, load_value_head
+from llm_gym.trainer.algorithms import algorithm_overrides
+from llm_gym.trainer.config import LLMGymGRPOConfig
+from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
+from llm_gym.trainer.ppo import OLD_VALUES, RETURNS, VALUE_HEAD_FILE, LLMGymPPOTrainer, load_value_head
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,9 @@ import json
 import math
 from types import SimpleNamespace
 
+from llm_gym.trainer.callbacks import CollapseReportCallback
+from llm_gym.trainer.collapse_report import main, read_series, summary
 from PIL import Image
-
-from trainer.collapse_report import main, read_series, summary
-from trainer.signal import CollapseReportCallback
 
 
 def collapsing_rows(n=12):

@@ -8,15 +8,14 @@ import json
 import os
 from collections import defaultdict
 
+import llm_gym.trainer.grpo as grpo_module
 import numpy as np
 import pytest
 import torch
-
-import trainer.grpo as grpo_module
-from trainer.config import LLMGymGRPOConfig
-from trainer.grpo import LLMGymGRPOTrainer
-from trainer.models import build_tiny_model, load_model_and_tokenizer
-from trainer.signal import SignalState, _log_mi, after_scoring, signal_state
+from llm_gym.trainer.callbacks import SignalState, _log_mi, after_scoring, signal_state
+from llm_gym.trainer.config import LLMGymGRPOConfig
+from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
 
 G = 2
 

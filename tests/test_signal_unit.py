@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from trainer.signal import SignalArguments, after_scoring, make_signal_callbacks, signal_state
+from llm_gym.trainer.callbacks import SignalArguments, after_scoring, make_signal_callbacks, signal_state
 
 G, B, T = 2, 4, 5  # 2 groups per process
 
@@ -114,17 +113,17 @@ def test_skip_callback_drops_grads_only_on_skipped_rounds():
 
 def test_snr_filter_under_deepspeed_warns_that_skipping_is_not_covered(caplog):
     tr = fake_trainer([0.5] * 4)
-    with caplog.at_level("WARNING", logger="trainer.signal"):
+    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
         make_signal_callbacks(tr)
     assert "DeepSpeed" not in caplog.text
     tr.is_deepspeed_enabled = True
-    with caplog.at_level("WARNING", logger="trainer.signal"):
+    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
         make_signal_callbacks(tr)
     assert "SNR filtering under DeepSpeed" in caplog.text and "NOT skipped" in caplog.text
     caplog.clear()
     off = fake_trainer([0.5] * 4, filter_strategy="off")
     off.is_deepspeed_enabled = True
-    with caplog.at_level("WARNING", logger="trainer.signal"):
+    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
         make_signal_callbacks(off)
     assert "DeepSpeed" not in caplog.text
 
@@ -165,8 +164,8 @@ def test_bad_signal_config_raises(field, value):
 
 
 def test_episodes_find_reasoning_inside_think_tags_of_each_turn():
-    from trainer.models import build_tiny_tokenizer
-    from trainer.signal import episodes_from_batch
+    from llm_gym.trainer.callbacks import episodes_from_batch
+    from llm_gym.trainer.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     turn1 = tok.encode("<think>go left</think><answer>Left</answer>", add_special_tokens=False)

@@ -7,8 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from trainer.snr_filter import (
+from llm_gym.trainer.snr_filter import (
     decide,
     episode_rewards,
     group_scores,

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from trainer.config import LLMGymGRPOConfig, resolve_env_id  # noqa: E402
+from llm_gym.trainer.config import LLMGymGRPOConfig, resolve_env_id  # noqa: E402
 
 BASE = dict(use_cpu=True, bf16=False, report_to="none")
 

@@ -8,13 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
+from llm_gym.trainer.grpo import LLMGymGRPOTrainer, train_seeds  # noqa: E402
+from llm_gym.trainer.models import build_tiny_model  # noqa: E402
+from llm_gym.trainer.rollouts import env_reward, seed_prompt  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_gym.agent.records import read_records  # noqa: E402
-from trainer.config import LLMGymGRPOConfig  # noqa: E402
-from trainer.grpo import LLMGymGRPOTrainer, train_seeds  # noqa: E402
-from trainer.models import build_tiny_model  # noqa: E402
-from trainer.rollouts import env_reward, seed_prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

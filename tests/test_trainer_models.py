@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from trainer import models  # noqa: E402
-from trainer.models import CHAT_TEMPLATES, ModelError, build_tiny_model, check_model, resolve_model  # noqa: E402
+from llm_gym.trainer import models  # noqa: E402
+from llm_gym.trainer.models import CHAT_TEMPLATES, ModelError, build_tiny_model, check_model, resolve_model  # noqa: E402
 
 
 def test_resolve_model_names(tmp_path):

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainer.models import CHAT_TEMPLATES, build_tiny_model, build_tiny_tokenizer  # noqa: E402
-from trainer.rollouts import (  # noqa: E402
+from llm_gym.trainer.models import CHAT_TEMPLATES, build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from llm_gym.trainer.rollouts import (  # noqa: E402
     ChatTemplateError,
     ChatTemplateTokens,
     HFGenerate,
@@ -159,7 +159,7 @@ def test_non_prefix_preserving_template_fails_clearly(tokenizers):
 def test_vllm_missing_logprobs_become_nan_not_zero():
     import math
 
-    from trainer.rollouts import VLLMGenerate
+    from llm_gym.trainer.rollouts import VLLMGenerate
 
     class FakeVLLM:
         max_completion_length = 99

@@ -1,6 +1,6 @@
 """llm-gym trainer: multi-turn RL for LLM agents on llm-gym environments, built on TRL's ``GRPOTrainer``.
 
-Heavy imports (torch, transformers, trl) happen lazily, so ``import trainer`` is cheap.
+Heavy imports (torch, transformers, trl) happen lazily, so ``import llm_gym.trainer`` is cheap.
 """
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "LLMGymGRPOConfig": "trainer.config",
-    "LLMGymGRPOTrainer": "trainer.grpo",
-    "EnvRolloutFunc": "trainer.rollouts",
-    "resolve_model": "trainer.models",
-    "load_model_and_tokenizer": "trainer.models",
-    "build_tiny_model": "trainer.models",
+    "LLMGymGRPOConfig": "llm_gym.trainer.config",
+    "LLMGymGRPOTrainer": "llm_gym.trainer.grpo",
+    "EnvRolloutFunc": "llm_gym.trainer.rollouts",
+    "resolve_model": "llm_gym.trainer.models",
+    "load_model_and_tokenizer": "llm_gym.trainer.models",
+    "build_tiny_model": "llm_gym.trainer.models",
 }
 
 __all__ = sorted(_LAZY)

@@ -104,9 +104,9 @@ def algorithm_overrides(name: str) -> dict[str, Any]:
 def trainer_class(name: str) -> type:
     """The trainer class for preset ``name``: the PPO trainer for critic presets, else the GRPO trainer."""
     if get_algorithm(name).uses_critic:
-        from trainer.ppo import LLMGymPPOTrainer
+        from llm_gym.trainer.ppo import LLMGymPPOTrainer
 
         return LLMGymPPOTrainer
-    from trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
 
     return LLMGymGRPOTrainer

@@ -67,8 +67,9 @@ def _short(env: str) -> str:
 
 def preset_path(env: str) -> Path | None:
     """The preset YAML for ``env`` (any name ``resolve_env_id`` accepts), if one exists."""
+    from llm_gym.trainer.config import ENV_SHORT_NAMES
+
     from llm_gym.registration import resolve_env_id
-    from trainer.config import ENV_SHORT_NAMES
 
     try:
         env_id = resolve_env_id(env)
@@ -98,9 +99,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def build_parser() -> Any:
     """HfArgumentParser over every config field plus the llmgym-train options."""
+    from llm_gym.trainer.config import LLMGymGRPOConfig
     from transformers import HfArgumentParser
-
-    from trainer.config import LLMGymGRPOConfig
 
     parser = HfArgumentParser(
         LLMGymGRPOConfig,
@@ -126,7 +126,7 @@ def build_parser() -> Any:
 
 
 def _field_names() -> set[str]:
-    from trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.config import LLMGymGRPOConfig
 
     return {f.name for f in fields(LLMGymGRPOConfig) if f.init}
 
@@ -184,8 +184,8 @@ def has_gpu() -> bool:
 def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tuple[Any, dict[str, Any]]:
     """Merge the layers into an ``LLMGymGRPOConfig``; returns ``(config, meta)`` with ``meta`` holding
     ``model``, ``algo`` and ``resume``. Raises :class:`ConfigError` / ``ValueError`` on bad configuration."""
-    from trainer.algorithms import algorithm_overrides, get_algorithm
-    from trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.algorithms import algorithm_overrides, get_algorithm
+    from llm_gym.trainer.config import LLMGymGRPOConfig
 
     parser = build_parser()
     names = _field_names()
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return 0
-    from trainer.models import ModelError, check_model
+    from llm_gym.trainer.models import ModelError, check_model
 
     log = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
     try:
@@ -285,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(config: Any, meta: dict[str, Any]) -> int:
     """Load the model (the heavy part) and train; prints success before and after training."""
-    from trainer.algorithms import trainer_class
-    from trainer.models import ModelError, load_model_and_tokenizer
-    from trainer.rollouts import ChatTemplateError
+    from llm_gym.trainer.algorithms import trainer_class
+    from llm_gym.trainer.models import ModelError, load_model_and_tokenizer
+    from llm_gym.trainer.rollouts import ChatTemplateError
 
     t0 = time.time()
     try:

@@ -11,12 +11,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.trainer.callbacks import SignalArguments
+from llm_gym.trainer.ppo_args import PPOArguments
 from trl import GRPOConfig
 
 from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat
 from llm_gym.registration import resolve_env_id
-from trainer.ppo_args import PPOArguments
-from trainer.signal import SignalArguments
 
 #: Short environment names accepted by ``--env`` (the preset files use the same names).
 ENV_SHORT_NAMES: dict[str, str] = {

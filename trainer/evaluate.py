@@ -328,7 +328,7 @@ def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[
 
 def make_policy(a: argparse.Namespace) -> tuple[Any, str]:
     """The policy for the parsed args and a printable model name; fails early on a bad endpoint or model."""
-    from trainer.policies import HFPolicy, OpenAIPolicy, SamplingParams
+    from llm_gym.trainer.policies import HFPolicy, OpenAIPolicy, SamplingParams
 
     sampling = SamplingParams(a.temperature, a.top_p, a.max_new_tokens)
     if a.endpoint:

@@ -1,7 +1,7 @@
 """``LLMGymGRPOTrainer``: TRL's ``GRPOTrainer`` driven by multi-turn environment rollouts.
 
 Thin by design: every override wraps ``super()``. The pieces it wires in live elsewhere: the rollouts
-(``trainer.rollouts``), the SNR filter and MI metrics (``trainer.signal``), the config (``trainer.config``).
+(``trainer.rollouts``), the SNR filter and MI metrics (``trainer.callbacks``), the config (``trainer.config``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import os
 from typing import Any
 
 import torch
+from llm_gym.trainer.callbacks import after_scoring, make_signal_callbacks
+from llm_gym.trainer.config import LLMGymGRPOConfig
+from llm_gym.trainer.rollouts import EnvRolloutFunc, env_reward, seed_dataset
 from transformers import TrainerCallback
 from trl import GRPOTrainer
-
-from trainer.config import LLMGymGRPOConfig
-from trainer.rollouts import EnvRolloutFunc, env_reward, seed_dataset
-from trainer.signal import after_scoring, make_signal_callbacks
 
 #: Per-episode metrics logged under ``env/`` (means over all processes' episodes of a generation round).
 ENV_METRICS = ("success", "episode_reward", "turns", "valid_action_rate", "effective_action_rate")
@@ -72,7 +71,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
     Builds what the user did not pass: the seed datasets (training: RAGEN seeding; evaluation: fixed seeds),
     the environment reward function and the ``rollout_func``. After each generation round it logs ``env/*``
     metrics, writes episode records, stashes the per-sample extras as ``self._last_rollout`` and hands the
-    scored batch to ``trainer.signal.after_scoring`` (SNR filter, MI metrics).
+    scored batch to ``trainer.callbacks.after_scoring`` (SNR filter, MI metrics).
     """
 
     def __init__(

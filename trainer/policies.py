@@ -86,7 +86,7 @@ class HFPolicy:
         dtype: str | None = "auto",
     ) -> HFPolicy:
         """Load a hub id, a local folder or the offline alias ``smollm2`` (checked before any weights load)."""
-        from trainer.models import check_model, load_model_and_tokenizer
+        from llm_gym.trainer.models import check_model, load_model_and_tokenizer
 
         check_model(name_or_path)
         model, tok = load_model_and_tokenizer(name_or_path, dtype=dtype)

@@ -27,11 +27,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
+from llm_gym.trainer.grpo import LLMGymGRPOTrainer
 from torch import nn
 from trl import GRPOTrainer
-
-from trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
-from trainer.grpo import LLMGymGRPOTrainer
 
 logger = logging.getLogger(__name__)
 

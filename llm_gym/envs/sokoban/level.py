@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_gym.assets import asset_path
+
 Cell = tuple[int, int]
 
 #: XSB characters accepted on a board line.
@@ -242,8 +244,8 @@ def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
 
 
 def sample_path() -> Path:
-    """Path of the bundled sample collection ``llm_gym/assets/sokoban/sample.xsb``."""
-    return Path(__file__).resolve().parents[2] / "assets" / "sokoban" / "sample.xsb"
+    """Path of the bundled sample collection (``assets/sokoban/sample.xsb`` in the repository)."""
+    return asset_path("sokoban", "sample.xsb")
 
 
 # ---------------------------------------------------------------------------------------------- formatting

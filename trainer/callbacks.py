@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from llm_gym.trainer import mutual_info as mi
+from llm_gym.trainer import snr_filter as snr
 from transformers import TrainerCallback
-
-from trainer import mutual_info as mi
-from trainer import snr_filter as snr
 
 logger = logging.getLogger(__name__)
 

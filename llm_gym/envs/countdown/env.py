@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import RewardSpec, TextEnv
-from llm_gym.envs.arith import Reachable, evaluate, format_number, solve
+from llm_gym.envs.countdown.arith import Reachable, evaluate, format_number, solve
 from llm_gym.envs.task_data import load_records, pick_index
 
 #: The RAGEN data set (Hugging Face id); pass it as ``dataset=`` to play its tasks.

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from llm_gym.assets import asset_path
 from llm_gym.core import AnyText, RewardSpec, TextEnv
-from llm_gym.envs.math_check import extract_gold, is_equivalent
+from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
 from llm_gym.envs.task_data import load_records, pick_index
 
 #: The Hugging Face id of the full data set (395k items).
 HUB_DATASET = "meta-math/MetaMathQA"
 #: The bundled sample (40 grade-school problems in the MetaMathQA schema), selected with ``dataset="sample"``.
-SAMPLE_PATH = Path(__file__).resolve().parent.parent / "assets" / "metamathqa_sample.jsonl"
+SAMPLE_PATH = asset_path("metamathqa_sample.jsonl")
 #: Questions longer than this are cut (with a marker) so that every observation fits the observation space.
 QUESTION_MAX_LENGTH = 16000
 CORRECT_TEXT = "Correct!"

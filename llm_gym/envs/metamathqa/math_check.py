@@ -10,7 +10,7 @@
   prediction may carry words or units around one lone number ("12 dollars", "x = 12"); then element-wise
   comparison of bracketed tuples such as ``(1, \\frac{1}{2})``.
 
-Numbers are compared exactly as fractions (parsed by :mod:`llm_gym.envs.arith`, never ``eval``). Every step is
+Numbers are compared exactly as fractions (parsed by :mod:`llm_gym.envs.countdown.arith`, never ``eval``). Every step is
 linear in the input, and inputs are capped, so checking never hangs and never raises.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from llm_gym.envs.arith import evaluate
+from llm_gym.envs.countdown.arith import evaluate
 
 #: Longest prediction examined (its tail is kept: the final answer comes last).
 MAX_INPUT = 2000
