@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from llm_gym.trainer.evaluate import evaluate, resolve_env_id
-    from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
+    from llm_gym.trainer.models import load_model_and_tokenizer
     from llm_gym.trainer.policies import HFPolicy, SamplingParams
+
+    from tests._tiny import build_tiny_model
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     name = build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_")) if a.model == "tiny" else a.model

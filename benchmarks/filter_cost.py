@@ -1,6 +1,6 @@
 """Cost of the SNR filter itself as a fraction of the training step (RAGEN-2: < 0.1% of iteration time).
 
-Times ``trainer.callbacks.after_scoring`` with MI off (group scoring, top_p selection, physical row
+Times ``llm_gym.trainer.signals.after_scoring`` with MI off (group scoring, top_p selection, physical row
 removal, ``num_items_in_batch`` recomputation, metrics) on a full rollout batch, against the update
 of the same unfiltered batch (loss forward+backward+optimizer, through the real trainer) in the same
 run; both in process CPU seconds (min of repeats for the filter). The update is only part of a step (rollouts come on top) and the model here is small, so the
@@ -55,7 +55,7 @@ def main() -> None:
             filtered(tr, out, rewards, "top_p")
             costs.append(time.process_time() - start)
         filter_s = min(costs)
-        kept = tr._signal_state.last["snr/kept_frac"]
+        kept = tr.signal_state.last["snr/kept_frac"]
         opt = torch.optim.AdamW(tr.model.parameters(), lr=1e-6)
         full = filtered(tr, out, rewards, "off")
         update_seconds(tr, full, opt)  # warm-up

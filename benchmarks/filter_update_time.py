@@ -1,7 +1,7 @@
 """Update time with SNR filtering vs the same batch without it (RAGEN-2's step-time saving).
 
 One rollout batch of P groups x G samples (synthetic token ids, realistic masks) goes through the
-real ``LLMGymGRPOTrainer`` update path: ``trainer.callbacks.after_scoring`` (filter), TRL's shuffle and
+real ``LLMGymGRPOTrainer`` update path: ``llm_gym.trainer.signals.after_scoring`` (filter), TRL's shuffle and
 ``split_tensor_dict`` into ``steps_per_generation`` micro-batches, ``compute_loss`` + ``backward`` per
 micro-batch, one ``optimizer.step()``. Only the update is timed, in process CPU seconds (min of repeats), so
 other processes on a shared machine do not distort it. The reference is the unfiltered batch
@@ -32,8 +32,9 @@ def build_trainer(
     import torch
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
-    from llm_gym.trainer.models import build_tiny_tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tests._tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
@@ -109,11 +110,12 @@ def synthetic_batch(tr, prompt_len: int, completion_len: int, kept_groups: int, 
 
 def filtered(tr, out, rewards, strategy: str, drop: str = "remove"):
     """Run the real filter hook on a copy of ``out`` with the given strategy."""
-    from llm_gym.trainer.callbacks import after_scoring
+    from llm_gym.trainer.batch import episode_rewards
+    from llm_gym.trainer.signals import after_scoring
 
     tr.args.filter_strategy, tr.args.filter_drop = strategy, drop
-    tr._last_rewards_per_func = rewards
-    return after_scoring(tr, copy.copy(out))
+    scores = episode_rewards(rewards, tr.reward_weights).double().numpy()
+    return after_scoring(tr, copy.copy(out), scores, tr.signal_state)
 
 
 def update_seconds(tr, out, optimizer) -> float:
@@ -167,8 +169,8 @@ def main() -> None:
         out, rewards = synthetic_batch(tr, a.prompt_len, a.completion_len, k)
         full_b = filtered(tr, out, rewards, "off")
         kept_b = filtered(tr, out, rewards, "top_p")
-        pad = int(tr._signal_state.last["snr/padding_rows"])
-        kept_frac = tr._signal_state.last["snr/kept_frac"]
+        pad = int(tr.signal_state.last["snr/padding_rows"])
+        kept_frac = tr.signal_state.last["snr/kept_frac"]
         mask_b = filtered(tr, out, rewards, "top_p", drop="mask")
         full, kept, masked = [], [], []
         for _ in range(a.repeats):  # interleaved so drift hits all three alike

@@ -92,7 +92,8 @@ def main() -> None:
     a = p.parse_args()
 
     import torch
-    from llm_gym.trainer.models import build_tiny_model
+
+    from tests._tiny import build_tiny_model
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if a.model == "tiny":

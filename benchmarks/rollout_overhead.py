@@ -32,9 +32,11 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from llm_gym.trainer.models import build_tiny_model, resolve_model
+    from llm_gym.trainer.models import resolve_model
     from llm_gym.trainer.rollouts import ChatTemplateTokens, HFGenerate, play_token_episodes
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests._tiny import build_tiny_model
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     path = build_tiny_model(tempfile.mkdtemp()) if args.model == "tiny" else resolve_model(args.model)

@@ -3,6 +3,7 @@
 llmgym view episodes.jsonl                     # viewer window: board, reasoning, actions, reward per turn
 llmgym render episodes.jsonl --out ep.gif      # headless GIF/MP4 export of one episode
 llmgym play --env Sokoban                      # play an env yourself (short names or full ids)
+llmgym export --env Sokoban --out expert.jsonl --verify   # solver trajectories as a chat dataset
 """
 
 from __future__ import annotations
@@ -13,6 +14,53 @@ import sys
 from collections.abc import Sequence
 
 from llm_gym.registration import resolve_env_id
+
+# ------------------------------------------------------------------------ conventions of every llm-gym command
+#: Exit codes of ``llmgym``, ``llmgym-train`` and ``llmgym-eval``.
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+#: 2: the command line cannot work as given (a bad option or value; an environment, profile, model or endpoint
+#: named on it that cannot be used). 1: a failure while working (I/O, a file's contents, a replay mismatch).
+EXIT_CODES_HELP = (
+    "exit codes: 0 success, 1 runtime or I/O error, 2 usage or configuration error (a bad option or value, "
+    "or an environment, model or endpoint named on the command line that cannot be used)"
+)
+
+
+class UsageError(ValueError):
+    """A mistake in the command line itself (exit code 2), as opposed to a failure while running (1)."""
+
+
+def _json_object(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a JSON object")
+    return value
+
+
+def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """TRL's flag style on every llm-gym command: ``--num_seeds``, not ``--num-seeds``.
+
+    Each dashed long option becomes its snake_case spelling in help and errors; the dashed spelling still
+    parses as a hidden, deprecated alias (older scripts keep working). Applies to sub-commands too.
+    """
+    for action in list(parser._actions):
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                snake_case_options(sub)
+            continue
+        renamed = []
+        for opt in action.option_strings:
+            if opt.startswith("--") and "-" in opt[2:]:
+                snake = "--" + opt[2:].replace("-", "_")
+                parser._option_string_actions[snake] = action  # the dashed one stays registered (hidden)
+                renamed.append(snake)
+            else:
+                renamed.append(opt)
+        action.option_strings = list(dict.fromkeys(renamed))
+    return parser
 
 
 def _load(path: str):
@@ -31,11 +79,23 @@ def _episode_index(value: int, n: int) -> int:
     return index
 
 
+def _replay_kwargs(args: argparse.Namespace) -> dict | None:
+    """``--env_kwargs`` of view/render: the user's own kwargs (the only way a file path reaches a replay)."""
+    if not args.env_kwargs:
+        return None
+    return _json_object(args.env_kwargs, "--env_kwargs")
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     from llm_gym.render.viewer import run_viewer
 
     records = _load(args.file)
-    run_viewer(records, fps=args.fps, episode=_episode_index(args.episode, len(records)))
+    run_viewer(
+        records,
+        fps=args.fps,
+        episode=_episode_index(args.episode, len(records)),
+        env_kwargs=_replay_kwargs(args),
+    )
     return 0
 
 
@@ -51,27 +111,36 @@ def _cmd_render(args: argparse.Namespace) -> int:
         cell=args.cell,
         caption_width=args.caption_width,
         hold_last=args.hold,
+        env_kwargs=_replay_kwargs(args),
+        max_frames=args.max_frames,
     )
     w, h = result.size
     print(f"wrote {result.path}: episode {index}, {result.n_frames} frames, {w}x{h}")
+    if result.cut:
+        print(
+            f"warning: the episode has {len(records[index].turns) + 1} states; only the first {args.max_frames} "
+            "were rendered (--max_frames)",
+            file=sys.stderr,
+        )
     if result.mismatch is not None:
         print(
             f"warning: the record does not match the environment ({result.mismatch}); "
             "later frames show the recorded observations",
             file=sys.stderr,
         )
-        return 2 if args.strict else 0
-    return 0
+        return EXIT_RUNTIME if args.strict else EXIT_OK
+    return EXIT_OK
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
     from llm_gym.agent.records import write_records
     from llm_gym.render.play import run_play
 
-    env_id = resolve_env_id(args.env)
-    kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-    if not isinstance(kwargs, dict):
-        raise ValueError("--env-kwargs must be a JSON object")
+    try:
+        env_id = resolve_env_id(args.env)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    kwargs = _json_object(args.env_kwargs, "--env_kwargs") if args.env_kwargs else {}
     session = run_play(env_id, seed=args.seed, env_kwargs=kwargs)
     if args.record:
         played = [r for r in session.records if r.turns]
@@ -80,14 +149,73 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from llm_gym.agent.export import export_episodes, read_jsonl, verify_rows, write_jsonl
+
+    kwargs = _json_object(args.env_kwargs, "--env_kwargs") if args.env_kwargs else {}
+    if args.check:
+        if args.format == "hf":
+            from datasets import load_from_disk
+
+            rows = iter(load_from_disk(args.check))
+        else:
+            rows = read_jsonl(args.check)
+        return _report_problems(verify_rows(rows, env_kwargs=kwargs), args.check)
+    if not args.env or not args.out:
+        raise UsageError("export needs --env and --out (or --check FILE to verify an existing export)")
+    if args.num_episodes < 1 or args.seed < 0:
+        raise UsageError("--num_episodes must be positive and --seed non-negative")
+    try:
+        env_id = resolve_env_id(args.env)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result = export_episodes(env_id, range(args.seed, args.seed + args.num_episodes), env_kwargs=kwargs)
+    if args.format == "hf":
+        from datasets import Dataset
+
+        Dataset.from_list(result.rows).save_to_disk(args.out)
+        n = len(result.rows)
+    else:
+        n = write_jsonl(result.rows, args.out)
+    print(f"wrote {n} expert episode(s) of {env_id} to {args.out}; skipped {len(result.skipped)} seed(s)")
+    for seed, why in list(result.skipped.items())[:10]:
+        print(f"  skipped seed {seed}: {why}")
+    if args.verify:
+        if args.format == "hf":
+            from datasets import load_from_disk
+
+            rows = iter(load_from_disk(args.out))
+        else:
+            rows = read_jsonl(args.out)
+        return _report_problems(verify_rows(rows, env_kwargs=kwargs), args.out)
+    return EXIT_OK
+
+
+def _report_problems(problems, path: str) -> int:
+    for p in problems[:20]:
+        print(f"row {p.index} (seed {p.seed}): {p.reason}", file=sys.stderr)
+    if problems:
+        print(f"{path}: {len(problems)} row(s) failed the replay check", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(f"{path}: every row replays to a solved episode")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmgym", description="Look at llm-gym environments and episodes.")
+    parser = argparse.ArgumentParser(
+        prog="llmgym", description="Look at llm-gym environments and episodes.", epilog=EXIT_CODES_HELP
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     view = sub.add_parser("view", help="step through recorded episodes in a window")
     view.add_argument("file", help="episode records (JSONL)")
     view.add_argument("--episode", type=int, default=0, help="episode to open first (0-based; -1 = last)")
     view.add_argument("--fps", type=float, default=2.0, help="turns per second while playing")
+    replay_help = (
+        "JSON object of env kwargs for replaying, overriding the record's; file paths (level_file, dataset) "
+        "are taken only from here, never from a record"
+    )
+    view.add_argument("--env_kwargs", "--env-kwargs", default=None, help=replay_help)
     view.set_defaults(func=_cmd_view)
 
     render = sub.add_parser("render", help="export one recorded episode as a GIF or MP4 (headless)")
@@ -100,7 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--caption-width", type=int, default=300, help="caption panel width in pixels")
     render.add_argument("--hold", type=int, default=2, help="extra frame-times to hold the last frame")
-    render.add_argument("--strict", action="store_true", help="exit with status 2 if the replay mismatches")
+    render.add_argument("--strict", action="store_true", help="exit with status 1 if the replay mismatches")
+    render.add_argument("--env_kwargs", "--env-kwargs", default=None, help=replay_help)
+    render.add_argument(
+        "--max_frames",
+        "--max-frames",
+        type=int,
+        default=1000,
+        help="render at most this many states (turns + 1)",
+    )
     render.set_defaults(func=_cmd_render)
 
     play = sub.add_parser("play", help="play an environment yourself")
@@ -111,7 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--env-kwargs", default=None, help="JSON object of extra env kwargs")
     play.add_argument("--record", default=None, help="append the played episodes to this JSONL file")
     play.set_defaults(func=_cmd_play)
-    return parser
+
+    export = sub.add_parser(
+        "export", help="write solver (expert) episodes as a chat dataset (JSONL or Hugging Face datasets)"
+    )
+    export.add_argument("--env", default=None, help="short name (Sokoban, FrozenLake, ...) or full id")
+    export.add_argument("--out", default=None, help="output: a .jsonl file, or a folder with --format hf")
+    export.add_argument(
+        "--num_episodes", type=int, default=100, help="seeds to play: --seed, --seed + 1, ..."
+    )
+    export.add_argument("--seed", type=int, default=0, help="first seed")
+    export.add_argument(
+        "--format", choices=("jsonl", "hf"), default="jsonl", help="JSONL or datasets.save_to_disk"
+    )
+    export.add_argument("--env_kwargs", default=None, help="JSON object of env kwargs (stored in every row)")
+    export.add_argument(
+        "--verify", action="store_true", help="replay every written row and exit 1 unless all are solved"
+    )
+    export.add_argument(
+        "--check",
+        default=None,
+        metavar="FILE",
+        help="only replay-check an existing export (with its --env_kwargs)",
+    )
+    export.set_defaults(func=_cmd_export)
+    return snake_case_options(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,9 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
+    except UsageError as e:
         print(f"llmgym {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except (ValueError, OSError) as e:
+        print(f"llmgym {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
 

@@ -6,6 +6,7 @@ rewards, observation text or instructions change in a way that alters episodes f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,12 @@ ENVS: tuple[EnvEntry, ...] = (
         "FrozenLake-v0 with the coordinate + grid observation (RAGEN-2 CoordFrozenLake)",
         {"observation_format": "grid_coord"},
     ),
+    EnvEntry(
+        "llmgym/CoordFrozenLakeDeterministic-v0",
+        _FL,
+        "CoordFrozenLake with moves always as intended (RAGEN-2 main table: config/_3_frozen_lake.yaml)",
+        {"observation_format": "grid_coord", "success_rate": 1.0},
+    ),
     EnvEntry("llmgym/Bandit-v0", _BANDIT, "two-armed symbolic bandit, arm pairs from RAGEN-2's train list"),
     EnvEntry(
         "llmgym/BanditHeldOut-v0",
@@ -85,6 +92,30 @@ ENVS: tuple[EnvEntry, ...] = (
         _SOKOBAN,
         "6x6 room, 1 box, coordinate + grid observation (RAGEN-2 CoordSokoban)",
         {"observation_format": "grid_coord"},
+    ),
+    EnvEntry(
+        "llmgym/RagenSokoban-v0",
+        _SOKOBAN,
+        "Sokoban-v0 with RAGEN's level generator (reverse-play DFS, search_depth 300; easier levels)",
+        {"generator": "ragen", "search_depth": 300},
+    ),
+    EnvEntry(
+        "llmgym/RagenCoordSokoban-v0",
+        _SOKOBAN,
+        "CoordSokoban-v0 with RAGEN's level generator (RAGEN-2 CoordSokoban's levels)",
+        {"generator": "ragen", "search_depth": 300, "observation_format": "grid_coord"},
+    ),
+    EnvEntry(
+        "llmgym/RagenSokobanLarge-v0",
+        _SOKOBAN,
+        "8x8 room, 2 boxes, RAGEN's level generator with LargerSokoban's search_depth 10",
+        {"dim_room": (8, 8), "num_boxes": 2, "generator": "ragen", "search_depth": 10},
+    ),
+    EnvEntry(
+        "llmgym/RagenSokobanNewVocab-v0",
+        _SOKOBAN,
+        "remapped symbols, RAGEN's level generator with SokobanDifferentGridVocab's search_depth 30",
+        {"vocab": "remapped", "generator": "ragen", "search_depth": 30},
     ),
     EnvEntry(
         "llmgym/SokobanFile-v0",
@@ -141,6 +172,30 @@ def register_all() -> None:
             )
 
 
+def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
+    """``gym.make(env_id, **env_kwargs)`` with clear errors: the one way llm-gym code creates an environment.
+
+    ``env_id`` must be a registered id, as records and configs store it (a command-line name goes through
+    :func:`resolve_env_id` first). Gymnasium's passive env checker runs as the id's registration says (on
+    for every llm-gym id: it checks only the first reset and step, and our envs pass it).
+
+    Raises:
+        ValueError: ``cannot make '<id>': ...`` for an unknown id (naming the closest registered ones) or
+            arguments the environment does not take.
+    """
+    if not isinstance(env_id, str) or env_id not in gym.registry:
+        try:
+            resolved = resolve_env_id(env_id)
+        except ValueError as e:
+            raise ValueError(f"cannot make {env_id!r}: {e}") from None
+        raise ValueError(f"cannot make {env_id!r}: not a registered id; did you mean {resolved!r}?")
+    kwargs = dict(env_kwargs or {})
+    try:
+        return gym.make(env_id, **kwargs)
+    except (gym.error.Error, TypeError) as e:  # TypeError: a keyword the constructor does not take
+        raise ValueError(f"cannot make {env_id!r} with kwargs {sorted(kwargs)}: {e}") from e
+
+
 def list_envs() -> list[str]:
     """All registered llm-gym ids, in table order."""
     return [e.id for e in ENVS]
@@ -167,8 +222,19 @@ def resolve_env_id(name: str) -> str:
         full = env_id.split("/", 1)[1]
         if _norm(bare) in (_norm(full), _norm(full.rsplit("-v", 1)[0])):
             return env_id
-    shorts = ", ".join(dict.fromkeys(e.split("/", 1)[1].rsplit("-v", 1)[0] for e in list_envs()))
+    short_names = list(dict.fromkeys(e.split("/", 1)[1].rsplit("-v", 1)[0] for e in list_envs()))
     raise ValueError(
-        f"unknown environment {name!r}; choose from the short names ({shorts}) "
-        f"or a registered id (known: {', '.join(list_envs())})"
+        f"unknown environment {name!r}{_did_you_mean(bare, short_names)}; choose from the short names "
+        f"({', '.join(short_names)}) or a registered id (known: {', '.join(list_envs())})"
     )
+
+
+def _did_you_mean(name: str, short_names: list[str]) -> str:
+    """``" (did you mean 'Sokoban'?)"`` for the closest short name(s), or ``""`` when none is close."""
+    import difflib
+
+    by_norm = {_norm(s): s for s in short_names}
+    close = difflib.get_close_matches(_norm(name.rsplit("-v", 1)[0]), list(by_norm), n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(by_norm[c]) for c in close) + "?)"

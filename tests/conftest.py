@@ -1,6 +1,8 @@
-"""Test-wide settings: offline, single-threaded torch, headless pygame."""
+"""Test-wide settings (offline, single-threaded torch, headless pygame) and the shared tiny model."""
 
 import os
+
+import pytest
 
 for _key, _value in {
     "OMP_NUM_THREADS": "1",
@@ -16,3 +18,12 @@ for _key, _value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_key, _value)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A random tiny Qwen2 (ChatML template) saved once per test session; tests load their own copy from it."""
+    pytest.importorskip("transformers")
+    from tests._tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))

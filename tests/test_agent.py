@@ -170,7 +170,7 @@ def test_rollout_is_deterministic_for_a_deterministic_policy():
 
 
 def test_rollout_rejects_bad_input():
-    with pytest.raises(ValueError, match="unknown environment id"):
+    with pytest.raises(ValueError, match="cannot make .llmgym/Nope-v0.: unknown environment"):
         rollout("llmgym/Nope-v0", [0], BFSPolicy())
     with pytest.raises(ValueError, match="group_size"):
         rollout(FL_DET, [0], BFSPolicy(), group_size=0)
@@ -213,3 +213,22 @@ def test_one_shot_example_comes_from_a_fixed_other_seed(env):
     again = Conversation(env, ChatFormat(one_shot=True))
     assert again.example == conv.example  # deterministic demonstration
     assert len(Conversation(env).messages()) == 1  # off by default
+
+
+def test_make_env_is_the_one_friendly_gym_make():
+    from llm_gym.agent import make_env
+    from llm_gym.registration import make_env as canonical
+
+    assert make_env is canonical
+    env = make_env(FL_DET, {"max_turns": 2})
+    assert env.spec.id == FL_DET and env.unwrapped.max_turns == 2
+    env.close()
+    with pytest.raises(ValueError, match=r"cannot make 'llmgym/Sokobn-v0': .*did you mean 'Sokoban'"):
+        make_env("llmgym/Sokobn-v0")
+    # A command-line short name is not an id; the error names the id it would be.
+    with pytest.raises(ValueError, match=r"not a registered id; did you mean 'llmgym/Sokoban-v0'"):
+        make_env("Sokoban")
+    with pytest.raises(ValueError, match=r"cannot make 'llmgym/Sokoban-v0' with kwargs \['no_such_kwarg'\]"):
+        make_env("llmgym/Sokoban-v0", {"no_such_kwarg": 1})
+    with pytest.raises(ValueError, match="cannot make None"):
+        make_env(None)

@@ -1,16 +1,16 @@
-"""Algorithm presets and PPO argument validation."""
+"""Algorithms (--algo) and PPO argument validation."""
 
 import dataclasses
 
 import pytest
 from llm_gym.trainer.algorithms import ALGORITHMS, algorithm_overrides, get_algorithm, trainer_class
-from llm_gym.trainer.ppo_args import PPOArguments
+from llm_gym.trainer.config import PPOArguments
 
 
 def test_names_and_rows_of_ragen2_table():
     assert set(ALGORITHMS) == {"ppo", "grpo", "dapo", "drgrpo"}
     ppo, dapo, grpo, dr = (algorithm_overrides(n) for n in ("ppo", "dapo", "grpo", "drgrpo"))
-    # token-mean for the critic presets, seq-mean-token-mean for GRPO, seq-mean-token-sum for Dr.GRPO
+    # token-mean for the critic algorithms, seq-mean-token-mean for GRPO, seq-mean-token-sum for Dr.GRPO
     assert ppo["loss_type"] == dapo["loss_type"] == "dapo"
     assert grpo["loss_type"] == "grpo" and grpo["scale_rewards"] == "group"
     assert dr["loss_type"] == "dr_grpo" and dr["scale_rewards"] == "none"

@@ -15,12 +15,10 @@ import pytest
 pytest.importorskip("trl")
 
 import llm_gym.trainer.models as models  # noqa: E402
-from llm_gym.trainer.cli import CPU_SETTINGS, main, resolve_config  # noqa: E402
+from llm_gym.trainer.cli import CPU_SETTINGS, available_profiles, main, resolve_config  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return models.build_tiny_model(tmp_path_factory.mktemp("tiny"))
+from llm_gym.registration import resolve_env_id  # noqa: E402
+from tests._tiny import CHAT_TEMPLATES  # noqa: E402
 
 
 @pytest.fixture
@@ -90,7 +88,7 @@ def test_chat_template_option_rescues_a_model_without_template(monkeypatch, tmp_
 
     bare = _bare_copy(tiny_dir, tmp_path)
     jinja = tmp_path / "t.jinja"
-    jinja.write_text(models.CHAT_TEMPLATES["chatml"])
+    jinja.write_text(CHAT_TEMPLATES["chatml"])
     seen = {}
     monkeypatch.setattr(
         cli, "run", lambda config, meta: seen.setdefault("template", config.chat_template) and 0
@@ -98,7 +96,7 @@ def test_chat_template_option_rescues_a_model_without_template(monkeypatch, tmp_
     assert main(["--env", "Bandit", "--model", str(bare), "--chat_template", str(jinja)]) == 0
     assert seen["template"] == str(jinja)
     _, tok = models.load_model_and_tokenizer(str(bare), dtype="float32", chat_template=str(jinja))
-    assert tok.chat_template == models.CHAT_TEMPLATES["chatml"]
+    assert tok.chat_template == CHAT_TEMPLATES["chatml"]
 
 
 def test_bad_chat_template_is_a_clean_cli_error(capsys, tmp_path, tiny_dir):
@@ -136,7 +134,7 @@ def test_unknown_override_keys_fail(capsys, tiny_dir, tmp_path, no_model_load):
     _fails(capsys, ["--model", tiny_dir, "--config", str(bad)], "bogus")
 
 
-def test_layers_preset_cli_yaml_set(tmp_path):
+def test_layers_profile_cli_yaml_set(tmp_path):
     user = tmp_path / "user.yaml"
     user.write_text("max_new_tokens: 123\nlearning_rate: 3e-6\n")
     argv = [
@@ -156,16 +154,16 @@ def test_layers_preset_cli_yaml_set(tmp_path):
     cfg, meta = resolve_config(argv, gpu=True, log=lambda *_: None)
     assert cfg.env == "llmgym/FrozenLake-v0"
     assert meta["model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["algo"] == "grpo"
-    assert cfg.num_generations == 16 and cfg.generation_batch_size == 128  # preset: 8 x 16
+    assert cfg.num_generations == 16 and cfg.generation_batch_size == 128  # profile: 8 x 16
     assert cfg.epsilon == 0.2 and cfg.epsilon_high == 0.28 and cfg.beta == 0.0 and cfg.temperature == 1.0
-    assert cfg.max_new_tokens == 123  # YAML file over preset
+    assert cfg.max_new_tokens == 123  # YAML file over the profile
     assert cfg.learning_rate == 2e-6  # command line over YAML file
     assert cfg.max_turns == 4  # --set over everything
-    assert cfg.loss_type == "grpo"  # from the algorithm preset
+    assert cfg.loss_type == "grpo"  # from the algorithm
 
 
 @pytest.mark.parametrize("env", ["FrozenLake", "Sokoban", "Bandit", "Countdown", "MetaMathQA"])
-def test_algorithm_owns_the_clip_range_over_env_presets(tmp_path, env):
+def test_algorithm_owns_the_clip_range_over_env_profiles(tmp_path, env):
     def clip(algo):
         argv = [
             "--env",
@@ -197,18 +195,62 @@ def test_cpu_settings_unless_overridden(tmp_path):
     assert cfg.use_cpu and not cfg.bf16
     assert cfg.max_steps == CPU_SETTINGS["max_steps"] and cfg.max_new_tokens == CPU_SETTINGS["max_new_tokens"]
     assert cfg.num_generations == 2  # the user's value wins over the CPU default
-    assert cfg.max_turns == 1  # CPU settings cap the preset's turns, never raise them
+    assert cfg.max_turns == 1  # CPU settings cap the profile's turns, never raise them
     cfg2, meta = resolve_config(
         ["--env", "Bandit", "--algo", "drgrpo", "--output_dir", str(tmp_path)], gpu=False, log=lambda *_: None
     )
     assert meta["algo"] == "drgrpo" and cfg2.loss_type == "dr_grpo" and cfg2.scale_rewards == "none"
 
 
+def test_unknown_env_suggests_the_closest_names(capsys, tiny_dir, no_model_load):
+    err = _fails(capsys, ["--env", "Sokobn", "--model", tiny_dir], "unknown environment 'Sokobn'")
+    assert "did you mean 'Sokoban'" in err
+    # one implementation for every command line: llmgym and llmgym-eval say the same
+    from llm_gym.trainer.evaluate import main as eval_main
+
+    from llm_gym.cli import main as llmgym_main
+
+    assert llmgym_main(["play", "--env", "FrozenLak"]) == 2
+    assert "did you mean 'FrozenLake'" in capsys.readouterr().err
+    assert eval_main(["--model", "x/y", "--env", "countdwn", "-o", "unused"]) == 2
+    assert "did you mean 'Countdown'" in capsys.readouterr().err
+    with pytest.raises(ValueError) as info:
+        resolve_env_id("Chess")
+    assert "did you mean" not in str(info.value)  # nothing close: no guess
+
+
+def test_profiles_short_output_flag_and_unknown_profile(capsys, tmp_path, tiny_dir, no_model_load):
+    assert "recommended" in available_profiles()
+    argv = ["--env", "Sokoban", "-o", str(tmp_path / "run"), "--bf16", "False", "--use_cpu", "True"]
+    cfg, meta = resolve_config(argv, gpu=True, log=lambda *_: None)
+    assert cfg.output_dir == str(tmp_path / "run") and meta["profile"] == "recommended"
+    assert cfg.max_turns == 5 and cfg.num_generations == 16  # the recommended Sokoban settings
+    _fails(capsys, ["--env", "Sokoban", "--model", tiny_dir, "--profile", "nope"], "unknown profile 'nope'")
+
+
+def test_a_named_profile_is_used_and_must_cover_the_env(tmp_path, monkeypatch):
+    import llm_gym.trainer.cli as cli
+
+    (tmp_path / "recommended").mkdir()
+    (tmp_path / "proto").mkdir()
+    (tmp_path / "proto" / "bandit.yaml").write_text("max_new_tokens: 77\nalgo: drgrpo\n")
+    monkeypatch.setattr(cli, "PROFILE_DIR", tmp_path)
+    cfg, meta = resolve_config(["--env", "Bandit", "--profile", "proto"], gpu=False, log=lambda *_: None)
+    assert meta["algo"] == "drgrpo" and meta["profile"] == "proto" and cfg.loss_type == "dr_grpo"
+    assert cfg.max_new_tokens == min(77, CPU_SETTINGS["max_new_tokens"])
+    with pytest.raises(cli.ConfigError, match="profile 'proto' has no settings for llmgym/Sokoban-v0"):
+        resolve_config(["--env", "Sokoban", "--profile", "proto"], gpu=False, log=lambda *_: None)
+    # the default profile may leave an environment out: then no profile layer applies
+    cfg, _ = resolve_config(["--env", "Sokoban"], gpu=False, log=lambda *_: None)
+    assert cfg.max_turns == CPU_SETTINGS["max_turns"]
+
+
 def test_help_lists_fields_with_their_help(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "--max_new_tokens" in out and "Tokens the model may generate per turn" in out
-    assert "--set" in out and "--algo" in out and "--learning_rate" in out
+    assert "--set" in out and "--algo" in out and "--learning_rate" in out and "--profile" in out
+    assert "-o OUTPUT_DIR" in out and "exit codes: 0 success, 1 runtime" in out
 
 
 def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):

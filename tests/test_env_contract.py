@@ -1,4 +1,4 @@
-"""The environment contract (DESIGN.md), checked on every registered id."""
+"""The environment contract (docs/getting-started.md), checked on every registered id."""
 
 import json
 import os

@@ -1,10 +1,7 @@
-"""llmgym-eval: statistics, resume, the OpenAI-compatible policy (against a loopback server), errors, HF path."""
+"""llmgym-eval: statistics, resume, errors, HF path (the OpenAI-compatible endpoint: test_endpoint.py)."""
 
 import json
 import math
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from hypothesis import given
@@ -20,7 +17,7 @@ from llm_gym.trainer.evaluate import (
     summarize_env,
     wilson_interval,
 )
-from llm_gym.trainer.policies import EndpointError, OpenAIPolicy, SamplingParams
+from llm_gym.trainer.policies import SamplingParams
 
 from llm_gym.agent.records import read_records
 
@@ -185,8 +182,24 @@ def test_history_window_limits_the_eval_context(tmp_path, capsys):
     )
     assert len(full.lengths) == len(windowed.lengths) == 4
     assert max(windowed.lengths) < max(full.lengths)
-    assert main(["--model", "x/y", "--history-window", "0", "--output-dir", str(tmp_path)]) == 2
-    assert "--history-window" in capsys.readouterr().err
+    assert main(["--model", "x/y", "--history_window", "0", "--output_dir", str(tmp_path)]) == 2
+    assert "--history_window" in capsys.readouterr().err
+    # the old dashed spelling still parses (hidden, deprecated) and reaches the same check
+    assert main(["--model", "x/y", "--history-window", "0", "-o", str(tmp_path)]) == 2
+    assert "--history_window must be >= 1" in capsys.readouterr().err
+
+
+def test_eval_flags_are_snake_case_with_hidden_dashed_aliases(capsys):
+    from llm_gym.trainer.evaluate import build_parser
+
+    parser = build_parser()
+    help_text = parser.format_help()
+    assert "--num_seeds" in help_text and "--num-seeds" not in help_text and "exit codes" in help_text
+    new = parser.parse_args(["--model", "m", "--num_seeds", "3", "--samples_per_seed", "2", "-o", "d"])
+    old = parser.parse_args(
+        ["--model", "m", "--num-seeds", "3", "--samples-per-seed", "2", "--output-dir", "d"]
+    )
+    assert vars(new) == vars(old) and new.num_seeds == 3 and new.output_dir == "d"
 
 
 def test_summary_and_table():
@@ -206,106 +219,12 @@ def test_summary_and_table():
     assert "X-v0" in table and "pass@2" in table and "0.250" in table
 
 
-# ------------------------------------------------------------------------------------------------ endpoint
-class FakeOpenAI(BaseHTTPRequestHandler):
-    models = ["served-model"]
-    status = 200
-    requests: list = []
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, payload):
-        body = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        if self.status != 200:
-            return self._send(self.status, {"error": "nope"})
-        if self.path == "/v1/models":
-            return self._send(
-                200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
-            )
-        self._send(404, {"error": "not found"})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append({"body": body, "auth": self.headers.get("Authorization")})
-        if self.path != "/v1/chat/completions":
-            return self._send(404, {"error": "not found"})
-        reply = {
-            "choices": [{"message": {"role": "assistant", "content": GOOD}}],
-            "usage": {"completion_tokens": 9},
-        }
-        self._send(200, reply)
-
-
-@pytest.fixture
-def server():
-    handler = type("Handler", (FakeOpenAI,), {"requests": [], "status": 200})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield httpd, handler, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
-
-
-def test_openai_policy_end_to_end(server, tmp_path, capsys):
-    _, handler, url = server
-    out_dir = tmp_path / "ev"
-    args = ["--endpoint", url, "--model", "served-model", "--env", "FrozenLakeDeterministic", "Bandit"]
-    args += ["--num-seeds", "2", "-n", "2", "--output-dir", str(out_dir), "--no-progress", "--api-key", "k"]
-    assert main(args) == 0
-    printed = capsys.readouterr().out
-    assert "FrozenLakeDeterministic-v0" in printed and "Bandit-v0" in printed
-    summary = json.loads((out_dir / SUMMARY_FILE).read_text())
-    assert summary["temperature"] == 0.5 and set(summary["envs"]) == {
-        "llmgym/FrozenLakeDeterministic-v0",
-        "llmgym/Bandit-v0",
-    }
-    fl = summary["envs"]["llmgym/FrozenLakeDeterministic-v0"]
-    assert fl["episodes"] == 4 and fl["valid_action_rate"] == 1.0 and "pass@2" in fl
-    records = read_records(out_dir / EPISODES_FILE)
-    assert len(records) == 8 and all(t.response == GOOD for r in records for t in r.turns)
-    first = handler.requests[0]
-    assert first["body"]["model"] == "served-model" and first["body"]["temperature"] == 0.5
-    assert first["body"]["messages"][0]["role"] == "system" and first["auth"] == "Bearer k"
-    assert len(handler.requests) == sum(len(r.turns) for r in records)
-
-
-def test_endpoint_errors(server):
-    httpd, handler, url = server
-    with pytest.raises(EndpointError, match="not served"):
-        OpenAIPolicy(url, "other-model").probe()
-    handler.status = 401
-    with pytest.raises(EndpointError, match="401"):
-        OpenAIPolicy(url, "served-model").probe()
-    with pytest.raises(EndpointError, match="http"):
-        OpenAIPolicy("localhost:8000", "m")
-    with socket.socket() as s:  # a port with nothing listening
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    with pytest.raises(EndpointError, match="cannot reach"):
-        OpenAIPolicy(dead, "m", timeout=2).probe()
-
-
+# ------------------------------------------------------------------------------------------------ CLI
+# The endpoint (OpenAIPolicy against a fake server) is tested in test_endpoint.py.
 def test_cli_fails_early_with_clear_messages(tmp_path, capsys):
     base = ["--env", "FrozenLake", "--num-seeds", "1", "--output-dir", str(tmp_path), "--no-progress"]
     assert main(["--model", str(tmp_path / "missing_model"), *base]) == 2
     assert "does not exist" in capsys.readouterr().err
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    assert main(["--endpoint", dead, "--model", "m", "--timeout", "2", *base]) == 2
-    assert "cannot reach" in capsys.readouterr().err
     assert main(["--model", "x/y", "--env", "Pong", "--output-dir", str(tmp_path)]) == 2
     assert "unknown environment" in capsys.readouterr().err
     assert main(["--model", "x/y", "--k", "3", "--output-dir", str(tmp_path)]) == 2
@@ -323,13 +242,6 @@ def test_sampling_params_validation():
 
 
 # ------------------------------------------------------------------------------------------------ HF model
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from llm_gym.trainer.models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_eval"))
-
-
 def test_hf_policy_batched_matches_single(tiny_dir):
     from llm_gym.trainer.policies import HFPolicy
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
+from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten, ppo_targets
 
 # Row layout: model, model, env, env, model, pad.  The 9.0 values sit on non-model tokens and must be ignored.
 MASK = torch.tensor([[1, 1, 0, 0, 1, 0]])
@@ -135,3 +135,32 @@ def test_clipped_value_loss():
     assert clipped_value_loss(v, old, ret, torch.zeros_like(mask)).item() == 0.0
     with pytest.raises(ValueError, match="clip"):
         clipped_value_loss(v, old, ret, mask, clip=0.0)
+
+
+def test_ppo_targets_compose_placement_gae_and_whitening():
+    mask = torch.tensor([[1, 1, 0, 1, 0], [1, 0, 1, 1, 1]])
+    values = torch.tensor([[0.1, 0.2, 9.0, 0.3, 9.0], [0.5, 9.0, 0.4, 0.3, 0.2]])
+    scores = torch.tensor([1.0, -0.5])
+    t = ppo_targets(scores, values, mask, gamma=0.9, lam=0.8, whiten=False)
+    rewards = last_token_rewards(scores, mask)
+    adv, ret = gae(rewards, values * mask, mask, gamma=0.9, lam=0.8)
+    torch.testing.assert_close(t.advantages, adv)
+    torch.testing.assert_close(t.returns, ret)
+    assert torch.all(t.values[mask == 0] == 0)  # environment-token values never leak into the targets
+    whitened = ppo_targets(scores, values, mask, gamma=0.9, lam=0.8, whiten=True).advantages
+    torch.testing.assert_close(whitened, masked_whiten(adv, mask))
+    assert set(t.metrics()) == {"value_mean", "return_mean", "explained_variance"}
+
+
+def test_ppo_targets_drop_unscorable_rows():
+    mask = torch.ones(3, 4, dtype=torch.long)
+    values = torch.full((3, 4), 0.25)
+    t = ppo_targets(torch.tensor([1.0, float("nan"), 0.0]), values, mask)
+    assert t.mask[1].sum() == 0 and t.advantages[1].abs().sum() == 0 and t.returns[1].abs().sum() == 0
+    assert t.mask[[0, 2]].sum() == 8 and torch.isfinite(t.advantages).all()
+    # without the NaN row the other rows' targets are the same as with it
+    alone = ppo_targets(torch.tensor([1.0, 0.0]), values[[0, 2]], mask[[0, 2]])
+    torch.testing.assert_close(alone.advantages, t.advantages[[0, 2]])
+    assert ppo_targets(torch.tensor([float("nan")]), values[:1], mask[:1]).metrics() == {}
+    with pytest.raises(ValueError, match="scores for"):
+        ppo_targets(torch.tensor([1.0]), values, mask)

@@ -6,13 +6,15 @@ import pytest
 import torch
 from llm_gym.trainer.algorithms import algorithm_overrides
 from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
-from llm_gym.trainer.ppo import OLD_VALUES, RETURNS, VALUE_HEAD_FILE, LLMGymPPOTrainer, load_value_head
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_ppo"))
+from llm_gym.trainer.models import load_model_and_tokenizer
+from llm_gym.trainer.ppo import (
+    OLD_VALUES,
+    RETURNS,
+    VALUE_HEAD_FILE,
+    VALUE_MASK,
+    LLMGymPPOTrainer,
+    load_value_head,
+)
 
 
 def make_trainer(tiny_dir, out_dir, trainer_kwargs=None, **overrides):
@@ -77,19 +79,14 @@ def synthetic_batch(tr, B=4, P=5, C=7):
 
 def test_value_head_attached_hooked_and_kept_out_of_save(trainer):
     lm = trainer.model
-    assert lm.v_head is trainer._v_head and trainer._v_head.weight.requires_grad
+    assert lm.v_head is trainer.value_head and trainer.value_head.weight.requires_grad
     assert {"v_head.weight", "v_head.bias"} <= set(lm._keys_to_ignore_on_save)
-    # The hook only records while values are requested.
-    batch = synthetic_batch(trainer)
-    with torch.no_grad():
-        lm(input_ids=batch["prompt_ids"])
-    assert trainer._value_buffer is None
 
 
 def test_optimizer_gives_value_head_its_own_lr(trainer):
     trainer.optimizer = None
     opt = trainer.create_optimizer()
-    head_ids = {id(p) for p in trainer._v_head.parameters()}
+    head_ids = {id(p) for p in trainer.value_head.parameters()}
     groups_with_head = [g for g in opt.param_groups if {id(p) for p in g["params"]} & head_ids]
     assert len(groups_with_head) == 1
     g = groups_with_head[0]
@@ -103,17 +100,24 @@ def test_ppo_targets_env_tokens_get_zero_advantage(trainer):
     batch = synthetic_batch(trainer)
     B = batch["prompt_ids"].size(0)
     trainer.model.train()
-    trainer._ppo_rewards_per_func = torch.tensor([[1.0], [0.0], [0.5], [-0.1]])[:B]
-    out = trainer._add_ppo_targets(dict(batch))
+    scores = torch.tensor([1.0, 0.0, 0.5, -0.1])[:B]
+    out = trainer.compute_advantages(dict(batch), scores)
     mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
     adv, old_v, ret = out["advantages"], out[OLD_VALUES], out[RETURNS]
     assert adv.shape == mask.shape
     assert torch.all(adv[~mask] == 0) and torch.all(old_v[~mask] == 0) and torch.all(ret[~mask] == 0)
     # gamma = lambda = 1: every model token's return is the episode reward; advantages = whitened (R - V).
-    scores = trainer._ppo_rewards_per_func.squeeze(1)
     assert torch.allclose(ret, scores[:, None].expand_as(ret) * mask, atol=1e-6)
     raw = (ret - old_v)[mask]
     assert torch.allclose(adv[mask], (raw - raw.mean()) / (raw.std() + 1e-8), atol=1e-4)
+
+
+def test_unscorable_sample_gets_no_advantage_and_no_value_target(trainer):
+    batch = synthetic_batch(trainer)
+    trainer.model.train()
+    out = trainer.compute_advantages(dict(batch), torch.tensor([1.0, float("nan"), 0.5, -0.1]))
+    assert out["advantages"][1].abs().sum() == 0 and out[VALUE_MASK][1].sum() == 0
+    assert out[VALUE_MASK][0].sum() > 0 and torch.isfinite(out["advantages"]).all()
 
 
 def test_value_loss_falls_on_fixed_batch(tiny_dir, tmp_path):
@@ -124,12 +128,16 @@ def test_value_loss_falls_on_fixed_batch(tiny_dir, tmp_path):
     batch["advantages"] = torch.zeros(mask.shape)  # no policy gradient: only the critic learns
     batch[OLD_VALUES] = torch.zeros(mask.shape)
     batch[RETURNS] = torch.tensor([1.0, -1.0, 0.5, 0.0])[:, None] * mask
-    opt = torch.optim.Adam(tr._v_head.parameters(), lr=0.05)
+    opt = torch.optim.Adam(tr.value_head.parameters(), lr=0.05)
+    losses = []
+    log_metric = tr.log_metric
+    tr.log_metric = lambda name, value, mode=None: (
+        losses.append(value) if name == "ppo/value_loss" else log_metric(name, value, mode)
+    )
     for _ in range(40):
         opt.zero_grad()
         tr.compute_loss(tr.model, batch).backward()
         opt.step()
-    losses = tr._metrics["train"]["ppo/value_loss"]
     assert len(losses) == 40
     assert losses[-1] < 0.5 * losses[0]
 
@@ -138,7 +146,7 @@ def test_checkpoint_round_trip_restores_value_head(trainer, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    head = trainer._v_head
+    head = trainer.value_head
     with torch.no_grad():
         head.weight.normal_()
         head.bias.fill_(0.25)
@@ -158,19 +166,19 @@ def test_checkpoint_round_trip_restores_value_head(trainer, tmp_path):
 def test_load_value_head_errors(trainer, tmp_path):
     from safetensors.torch import save_file
 
-    assert load_value_head(trainer._v_head, str(tmp_path)) is False  # absent: warns, keeps the init
+    assert load_value_head(trainer.value_head, str(tmp_path)) is False  # absent: warns, keeps the init
     save_file({"weight": torch.zeros(1, 3), "bias": torch.zeros(1)}, str(tmp_path / VALUE_HEAD_FILE))
     with pytest.raises(ValueError, match="does not match"):
-        load_value_head(trainer._v_head, str(tmp_path))
+        load_value_head(trainer.value_head, str(tmp_path))
 
 
 def test_two_ppo_steps_move_policy_and_value_head(tiny_dir, tmp_path):
     tr = make_trainer(tiny_dir, tmp_path)
-    head0 = tr._v_head.weight.detach().clone()
+    head0 = tr.value_head.weight.detach().clone()
     policy0 = {n: p.detach().clone() for n, p in tr.model.named_parameters() if "v_head" not in n}
     tr.train()
     assert tr.state.global_step == 2
-    assert not torch.equal(tr._v_head.weight, head0)
+    assert not torch.equal(tr.value_head.weight, head0)
     moved = [
         n for n, p in tr.model.named_parameters() if "v_head" not in n and not torch.equal(p, policy0[n])
     ]
@@ -181,7 +189,7 @@ def test_two_ppo_steps_move_policy_and_value_head(tiny_dir, tmp_path):
         and all(r["ppo/return_mean"] == r["reward"] for r in logged if "reward" in r)
         or logged
     )
-    head_group = [g for g in tr.optimizer.param_groups if any(p is tr._v_head.weight for p in g["params"])]
+    head_group = [g for g in tr.optimizer.param_groups if any(p is tr.value_head.weight for p in g["params"])]
     assert head_group[0]["initial_lr"] == tr.args.value_lr
 
 
@@ -191,17 +199,17 @@ def test_lora_keeps_value_head_trainable(tiny_dir, tmp_path):
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     tr = make_trainer(tiny_dir, tmp_path, max_steps=1, trainer_kwargs={"peft_config": lora})
     assert type(tr.model).__name__.startswith("Peft")
-    assert tr._v_head.weight.requires_grad
-    head0 = tr._v_head.weight.detach().clone()
+    assert tr.value_head.weight.requires_grad
+    head0 = tr.value_head.weight.detach().clone()
     tr.train()
-    assert not torch.equal(tr._v_head.weight, head0)
+    assert not torch.equal(tr.value_head.weight, head0)
     tr.save_model(str(tmp_path / "final"))
     files = os.listdir(tmp_path / "final")
     assert VALUE_HEAD_FILE in files and "adapter_model.safetensors" in files
 
 
 @pytest.mark.parametrize("drop", ["remove", "mask"])
-def test_dapo_preset_with_snr_filter(tiny_dir, tmp_path, drop):
+def test_dapo_with_snr_filter(tiny_dir, tmp_path, drop):
     """The SNR filter runs after the PPO targets exist, so they are dropped or masked with their rows."""
     overrides = {
         **algorithm_overrides("dapo"),

@@ -6,23 +6,17 @@ groups carry variance and must reach the loss.
 
 import json
 import os
-from collections import defaultdict
 
 import llm_gym.trainer.grpo as grpo_module
 import numpy as np
 import pytest
 import torch
-from llm_gym.trainer.callbacks import SignalState, _log_mi, after_scoring, signal_state
 from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer
-from llm_gym.trainer.models import build_tiny_model, load_model_and_tokenizer
+from llm_gym.trainer.models import load_model_and_tokenizer
+from llm_gym.trainer.signals import SignalState, after_scoring, log_mi
 
 G = 2
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_signal"))
 
 
 def rewards_with_variance_in(groups):
@@ -48,9 +42,9 @@ class Spy:
 
         tr.compute_loss = spy_loss
 
-    def after_scoring(self, trainer, out):
+    def after_scoring(self, trainer, out, rewards, state):
         self.before.append({k: v.clone() for k, v in out.items() if torch.is_tensor(v)})
-        res = after_scoring(trainer, out)
+        res = after_scoring(trainer, out, rewards, state)
         self.after.append(res)
         return res
 
@@ -142,9 +136,9 @@ def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir
     results = {}
     for scorer in ("cached", "trl"):
         tr.args.mi_scorer = scorer
-        metrics = defaultdict(list)
-        _log_mi(tr, dict(spy.before[-1]), SignalState(rng=np.random.default_rng(0)), metrics)
-        results[scorer] = {k: v[0] for k, v in metrics.items() if not k.endswith("seconds")}
+        state = SignalState(rng=np.random.default_rng(0))
+        log_mi(tr, dict(spy.before[-1]), state)
+        results[scorer] = {k: v for k, v in state.last.items() if not k.endswith("seconds")}
     assert results["cached"].keys() == results["trl"].keys() and "mi/trajectory/mi_est" in results["trl"]
     for key, value in results["trl"].items():
         assert results["cached"][key] == pytest.approx(value, abs=1e-3), key
@@ -172,7 +166,7 @@ def test_skipped_step_leaves_weights_bitwise_equal_and_stops_training(
     tr.train()
     assert tr.state.global_step == 2  # stopped after 2 consecutive empty rounds, not max_steps=5
     assert all(torch.equal(a, b) for a, b in zip(w0, weights(tr)))
-    assert signal_state(tr).skipped_steps == 2
+    assert tr.signal_state.skipped_steps == 2
     for b in spy.loss_inputs:  # only one masked dummy row per micro-batch reaches the loss
         assert b["completion_ids"].shape[0] == 1 and b["tool_mask"].sum() == 0
     logs = [h for h in tr.state.log_history if "loss" in h]

@@ -1,12 +1,16 @@
-"""``after_scoring`` on a fake trainer: multi-process slicing, lockstep padding, mask mode, scaling, config."""
+"""``signals.after_scoring`` on a fake trainer (only the trainer's public surface): multi-process slicing,
+lockstep padding, mask mode, scaling, the skip callback, config validation."""
 
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
-from llm_gym.trainer.callbacks import SignalArguments, after_scoring, make_signal_callbacks, signal_state
+from llm_gym.trainer.callbacks import make_signal_callbacks
+from llm_gym.trainer.config import SignalArguments
+from llm_gym.trainer.signals import SignalState, after_scoring, episodes_from_batch
 
 G, B, T = 2, 4, 5  # 2 groups per process
 
@@ -32,16 +36,34 @@ class FakeAccelerator:
         return torch.cat(parts)
 
 
-def fake_trainer(rewards, rank=0, world=1, training=True, **args):
-    return SimpleNamespace(
-        model=SimpleNamespace(training=training),
+class FakeTrainer(SimpleNamespace):
+    """The public surface the signal glue and callbacks use, nothing more."""
+
+    def log_metric(self, name, value, mode=None):
+        self.metrics[name].append(float(value))
+
+    def drop_last_metrics(self, names, count, mode="train"):
+        for name in names:
+            if self.metrics.get(name):
+                del self.metrics[name][-count:]
+
+
+def fake_trainer(rewards, rank=0, world=1, **args):
+    tr = FakeTrainer(
         args=Args(mi_every=0, collapse_report="", **args),
         accelerator=FakeAccelerator(rank, world),
         num_generations=G,
-        reward_weights=torch.ones(1),
-        _metrics={"train": defaultdict(list)},
-        _last_rewards_per_func=torch.tensor(rewards, dtype=torch.float32)[:, None],
+        metrics=defaultdict(list),
+        last_rollout=None,
+        rewards=np.array(rewards, dtype=np.float64),
     )
+    tr.signal_state = SignalState.for_process(0, rank)
+    return tr
+
+
+def score(tr, b):
+    """One round of the glue, as the trainer runs it."""
+    return after_scoring(tr, b, tr.rewards, tr.signal_state)
 
 
 def batch():
@@ -59,38 +81,40 @@ def test_rank_with_no_kept_group_gets_masked_dummy_rows_while_others_train():
     # global: rank 0 holds groups 0-1 (with variance), rank 1 holds groups 2-3 (none)
     rewards = [0.0, 1.0, 1.0, 0.0, 0.5, 0.5, 0.2, 0.2]
     tr = fake_trainer(rewards, rank=1, world=2)
-    out = after_scoring(tr, batch())
-    st = signal_state(tr)
+    out = score(tr, batch())
+    st = tr.signal_state
     assert not st.skip  # the decision is global: rank 0 keeps something, so nobody skips
-    assert out["completion_ids"].shape[0] == 2  # steps_per_generation micro-batches of one dummy row each
+    # as many rows as the process that kept most (rank 0: 2 groups x G), all masked dummy rows here:
+    # every process must send equal shapes to TRL's gathers
+    assert out["completion_ids"].shape[0] == 4
     assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
-    assert tr._metrics["train"]["snr/kept_groups"] == [2.0]
+    assert tr.metrics["snr/kept_groups"] == [2.0]
     tr0 = fake_trainer(rewards, rank=0, world=2)
-    out0 = after_scoring(tr0, batch())
+    out0 = score(tr0, batch())
     assert out0["prompt_ids"][:, 0].tolist() == [0, 1, 2, 3] and "tool_mask" not in out0
 
 
 def test_local_slice_is_selected_by_process_index():
     rewards = [0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.5, 0.5]  # only global group 2 (rank 1's first group)
-    out = after_scoring(fake_trainer(rewards, rank=1, world=2), batch())
+    out = score(fake_trainer(rewards, rank=1, world=2), batch())
     assert out["prompt_ids"][:, 0].tolist() == [0, 1]
     assert "tool_mask" not in out and out["advantages"].tolist() == [1.0, -1.0]
 
 
 def test_mask_mode_keeps_shapes_and_recomputes_num_items():
     tr = fake_trainer([0.0, 1.0, 0.5, 0.5], filter_drop="mask")
-    out = after_scoring(tr, batch())
+    out = score(tr, batch())
     assert out["completion_ids"].shape == (B, T)
     assert out["tool_mask"][:2].sum() == 2 * T and out["tool_mask"][2:].sum() == 0
     assert int(out["num_items_in_batch"]) == 2 * T
 
 
 def test_linear_loss_scaling_and_off_strategy():
-    out = after_scoring(fake_trainer([0.0, 1.0, 0.5, 0.5], filter_loss_scaling="linear"), batch())
+    out = score(fake_trainer([0.0, 1.0, 0.5, 0.5], filter_loss_scaling="linear"), batch())
     assert out["advantages"].tolist() == [0.5, -0.5]
     tr = fake_trainer([0.5] * 4, filter_strategy="off")
-    out = after_scoring(tr, batch())
-    assert out["completion_ids"].shape[0] == B and not signal_state(tr).skip
+    out = score(tr, batch())
+    assert out["completion_ids"].shape[0] == B and not tr.signal_state.skip
     assert int(out["num_items_in_batch"]) == B * T * 2  # untouched when nothing is filtered
 
 
@@ -99,42 +123,40 @@ def test_skip_callback_drops_grads_only_on_skipped_rounds():
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.ones(2)
     tr.optimizer = torch.optim.AdamW([p])
-    skip_cb = make_signal_callbacks(tr)[0]
-    after_scoring(tr, batch())
-    assert signal_state(tr).skip
+    skip_cb = make_signal_callbacks(tr.args, tr.signal_state, tr)[0]
+    tr.metrics["entropy"] = [0.3, 0.0]  # the last value came from the skipped step's masked rows
+    score(tr, batch())
+    assert tr.signal_state.skip
     skip_cb.on_pre_optimizer_step(tr.args, None, None)
-    assert p.grad is None
-    tr._last_rewards_per_func = torch.tensor([[0.0], [1.0], [0.5], [0.5]])
-    after_scoring(tr, batch())
+    assert p.grad is None and tr.metrics["entropy"] == [0.3]
+    tr.rewards = np.array([0.0, 1.0, 0.5, 0.5])
+    score(tr, batch())
     p.grad = torch.ones(2)
     skip_cb.on_pre_optimizer_step(tr.args, None, None)
-    assert p.grad is not None and signal_state(tr).consecutive_empty == 0
+    assert p.grad is not None and tr.signal_state.consecutive_empty == 0 and tr.metrics["entropy"] == [0.3]
 
 
-def test_snr_filter_under_deepspeed_warns_that_skipping_is_not_covered(caplog):
+def test_snr_filter_under_deepspeed_is_refused_with_the_alternatives_named():
     tr = fake_trainer([0.5] * 4)
-    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
-        make_signal_callbacks(tr)
-    assert "DeepSpeed" not in caplog.text
-    tr.is_deepspeed_enabled = True
-    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
-        make_signal_callbacks(tr)
-    assert "SNR filtering under DeepSpeed" in caplog.text and "NOT skipped" in caplog.text
-    caplog.clear()
+    assert len(make_signal_callbacks(tr.args, tr.signal_state, tr)) >= 2
+    with pytest.raises(ValueError, match="refused under DeepSpeed") as err:
+        make_signal_callbacks(tr.args, tr.signal_state, tr, deepspeed=True)
+    assert "FSDP" in str(err.value) and "--filter_strategy off" in str(err.value)
     off = fake_trainer([0.5] * 4, filter_strategy="off")
-    off.is_deepspeed_enabled = True
-    with caplog.at_level("WARNING", logger="llm_gym.trainer.callbacks"):
-        make_signal_callbacks(off)
-    assert "DeepSpeed" not in caplog.text
+    assert len(make_signal_callbacks(off.args, off.signal_state, off, deepspeed=True)) >= 2
 
 
-def test_eval_mode_and_missing_rewards():
-    b = batch()
-    assert after_scoring(fake_trainer([0.0] * 4, training=False), b) is b
-    tr = fake_trainer([0.0] * 4)
-    tr._last_rewards_per_func = None
-    with pytest.raises(RuntimeError, match="_last_rewards_per_func"):
-        after_scoring(tr, batch())
+def test_rewards_must_cover_every_process_row():
+    tr = fake_trainer([0.0] * 4, world=2)  # 2 processes x 4 rows need 8 rewards
+    with pytest.raises(RuntimeError, match="4 gathered rewards for 2 processes x 4 rows"):
+        score(tr, batch())
+
+
+def test_unscorable_rows_leave_their_groups_variance():
+    # group 0: rewards 0 and NaN -> one finite value, no spread; group 1 spreads: only group 1 is kept
+    tr = fake_trainer([0.0, float("nan"), 0.0, 1.0])
+    out = score(tr, batch())
+    assert out["prompt_ids"][:, 0].tolist() == [2, 3] and tr.metrics["snr/kept_groups"] == [1.0]
 
 
 @pytest.mark.parametrize(
@@ -164,8 +186,7 @@ def test_bad_signal_config_raises(field, value):
 
 
 def test_episodes_find_reasoning_inside_think_tags_of_each_turn():
-    from llm_gym.trainer.callbacks import episodes_from_batch
-    from llm_gym.trainer.models import build_tiny_tokenizer
+    from tests._tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     turn1 = tok.encode("<think>go left</think><answer>Left</answer>", add_special_tokens=False)
@@ -183,10 +204,10 @@ def test_episodes_find_reasoning_inside_think_tags_of_each_turn():
         "completion_mask": torch.ones(2, len(comp), dtype=torch.long),
         "tool_mask": torch.tensor([env_mask] * 2),
     }
-    eps = episodes_from_batch(tr, out, signal_state(tr))
+    eps = episodes_from_batch(tr, out, tr.signal_state)
     assert len(eps) == 2 and eps[0].group == eps[1].group == 0 and eps[0].prompt_ids == [5, 6]
     (a, b), second = eps[0].reasoning
     assert second is None  # no closing tag: no reasoning
     assert tok.decode(comp[a:b]).strip() == "go left"
-    tr._last_rollout = {"turn_spans": [[[0, len(turn1)]], [[0, len(turn1)]]]}  # the rollout's spans win
-    assert len(episodes_from_batch(tr, out, signal_state(tr))[0].reasoning) == 1
+    spans = [[[0, len(turn1)]], [[0, len(turn1)]]]  # the rollout's spans win over the mask's runs
+    assert len(episodes_from_batch(tr, out, tr.signal_state, spans)[0].reasoning) == 1

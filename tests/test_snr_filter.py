@@ -7,15 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from llm_gym.trainer.batch import episode_rewards, loss_mask, mask_rows, select_rows, trim_completion_columns
 from llm_gym.trainer.snr_filter import (
     decide,
-    episode_rewards,
     group_scores,
     loss_scale,
-    mask_rows,
     select_groups,
-    select_rows,
-    trim_completion_columns,
 )
 
 
@@ -94,12 +91,21 @@ def test_nan_rewards_are_left_out_of_their_group():
 
 
 def test_episode_rewards_weights_and_unscorable_rows():
-    rpf = np.array([[1.0, 2.0], [np.nan, 1.0], [np.nan, np.nan]])
-    out = episode_rewards(rpf, np.array([1.0, 0.5]))
-    np.testing.assert_allclose(out[:2], [2.0, 0.5])
-    assert np.isnan(out[2])
+    rpf = torch.tensor([[1.0, 2.0], [np.nan, 1.0], [np.nan, np.nan]])
+    out = episode_rewards(rpf, torch.tensor([1.0, 0.5]))
+    torch.testing.assert_close(out[:2], torch.tensor([2.0, 0.5]))
+    assert torch.isnan(out[2])  # every function returned None: unscorable, as TRL treats it
+    torch.testing.assert_close(episode_rewards(torch.tensor([0.5, 1.0])), torch.tensor([0.5, 1.0]))
     with pytest.raises(ValueError):
-        episode_rewards(rpf, np.array([1.0]))
+        episode_rewards(rpf, torch.tensor([1.0]))
+
+
+def test_loss_mask_treats_a_missing_tool_mask_as_ones():
+    cm = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    tm = torch.tensor([[1, 0, 1], [1, 1, 1]])
+    assert loss_mask({"completion_mask": cm}).tolist() == cm.tolist()
+    assert loss_mask({"completion_mask": cm, "tool_mask": None}).tolist() == cm.tolist()
+    assert loss_mask({"completion_mask": cm, "tool_mask": tm}).tolist() == [[1, 0, 0], [1, 0, 0]]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +161,8 @@ def test_top_p_keeps_the_smallest_top_set_reaching_rho(scores, rho, include_zero
 
 
 def test_top_p_value_one_keeps_every_candidate_group():
-    # ragen.md 4.4: value >= 1.0 returns all (non-zero, if excluded) groups, even ones below the eps slack.
+    # RAGEN `ragen/trainer/rollout_filter.py`: value >= 1.0 keeps all (non-zero, if excluded) groups,
+    # even ones below the eps slack.
     s = np.array([1.0, 0.5, 0.005, 0.0, 0.002])
     assert select_groups(s, "top_p", 1.0).tolist() == [True, True, True, False, True]
     assert select_groups(s, "top_p", 1.0, include_zero=True).all()

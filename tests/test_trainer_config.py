@@ -6,7 +6,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.trainer.config import LLMGymGRPOConfig, resolve_env_id  # noqa: E402
+from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
+
+from llm_gym.registration import resolve_env_id  # noqa: E402
 
 BASE = dict(use_cpu=True, bf16=False, report_to="none")
 

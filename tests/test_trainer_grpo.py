@@ -10,16 +10,10 @@ pytest.importorskip("trl")
 
 from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer, train_seeds  # noqa: E402
-from llm_gym.trainer.models import build_tiny_model  # noqa: E402
 from llm_gym.trainer.rollouts import env_reward, seed_prompt  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_gym.agent.records import read_records  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
 def length_reward(completions, **_):
@@ -82,11 +76,14 @@ def test_two_steps_move_weights_and_log_env_metrics(tiny_dir, tmp_path, env):
         "rewards/env_reward/mean",
     ):
         assert key in logs, key
-    roll = trainer._last_rollout
+    roll = trainer.last_rollout
     n = 8
-    assert all(len(roll[k]) == n for k in ("turn_spans", "episode_reward", "success", "seed", "group_index"))
-    assert roll["group_index"] == [0, 1, 2, 3] * 2
-    assert len(set(roll["seed"][:4])) == 1 and roll["seed"][0] != roll["seed"][4]
+    assert all(
+        len(getattr(roll, k)) == n
+        for k in ("turn_spans", "episode_reward", "success", "seed", "group_index", "records")
+    )
+    assert roll.group_index == [0, 1, 2, 3] * 2
+    assert len(set(roll.seed[:4])) == 1 and roll.seed[0] != roll.seed[4]
     recs = read_records(tmp_path / "out" / "episodes.jsonl")
     assert len(recs) >= n and recs[0].env_id.startswith("llmgym/")
 

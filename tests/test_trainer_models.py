@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from llm_gym.trainer import models  # noqa: E402
-from llm_gym.trainer.models import CHAT_TEMPLATES, ModelError, build_tiny_model, check_model, resolve_model  # noqa: E402
+from llm_gym.trainer.models import ModelError, check_model, resolve_model  # noqa: E402
+
+from tests._tiny import CHAT_TEMPLATES, build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
 def test_resolve_model_names(tmp_path):
@@ -50,7 +51,7 @@ def test_tiny_model_reloads_with_identical_ids(tmp_path, style):
 
     path = build_tiny_model(tmp_path / style, template=style)
     tok = AutoTokenizer.from_pretrained(path)
-    fresh = models.build_tiny_tokenizer(style)
+    fresh = build_tiny_tokenizer(style)
     msgs = [
         {"role": "system", "content": "You're a helpful assistant. Symbols: P _ O G X √"},
         {"role": "user", "content": "Turn 1:\nState:\n_P__\nO__G\nYou have 10 actions and 5 turns left."},

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from llm_gym.trainer.models import CHAT_TEMPLATES, build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from llm_gym.trainer.rollouts import (  # noqa: E402
     ChatTemplateError,
     ChatTemplateTokens,
@@ -19,6 +18,8 @@ from llm_gym.trainer.rollouts import (  # noqa: E402
     rollout_output,
     seed_prompt,
 )
+
+from tests._tiny import CHAT_TEMPLATES, build_tiny_tokenizer  # noqa: E402
 
 FL_DET = "llmgym/FrozenLakeDeterministic-v0"
 STYLES = sorted(CHAT_TEMPLATES)
@@ -192,11 +193,11 @@ def test_seed_prompts_round_trip():
         seed_prompt(-1)
 
 
-def test_greedy_rollouts_with_a_real_model_are_reproducible(tmp_path):
+def test_greedy_rollouts_with_a_real_model_are_reproducible(tiny_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(tmp_path / "m")
+    path = tiny_dir
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     template = ChatTemplateTokens(tok)
@@ -264,3 +265,27 @@ def test_rollout_invariants_for_arbitrary_replies(tokenizers, texts, budget, max
             == turn.response
         )
     assert e.episode_reward == pytest.approx(sum(t.reward for t in e.record.turns))
+
+
+@pytest.mark.parametrize("mode", ["independent", "shared"])
+def test_group_dynamics_seeds_each_member_or_none(tokenizers, mode):
+    # independent: member i of a group resets with dynamics_seed=i (same start state, own transitions, RAGEN).
+    template = ChatTemplateTokens(tokenizers["chatml"])
+    gen = ScriptedGenerate(template, ["<think>a</think><answer>Down || Right</answer>"])
+    eps = play_token_episodes(
+        "llmgym/FrozenLake-v0",
+        [4, 4, 4, 4],
+        gen,
+        template,
+        max_new_tokens=32,
+        max_completion_length=4000,
+        env_kwargs={"max_turns": 1},
+        group_size=4,
+        group_dynamics=mode,
+    )
+    options = [e.record.reset_options for e in eps]
+    if mode == "independent":
+        assert [o["dynamics_seed"] for o in options] == [0, 1, 2, 3]
+    else:
+        assert options == [None] * 4
+    assert len({e.prompt_ids and tuple(e.prompt_ids) for e in eps}) == 1  # identical start states

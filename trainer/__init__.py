@@ -10,10 +10,10 @@ from typing import Any
 _LAZY = {
     "LLMGymGRPOConfig": "llm_gym.trainer.config",
     "LLMGymGRPOTrainer": "llm_gym.trainer.grpo",
+    "LLMGymPPOTrainer": "llm_gym.trainer.ppo",
     "EnvRolloutFunc": "llm_gym.trainer.rollouts",
     "resolve_model": "llm_gym.trainer.models",
     "load_model_and_tokenizer": "llm_gym.trainer.models",
-    "build_tiny_model": "llm_gym.trainer.models",
 }
 
 __all__ = sorted(_LAZY)
@@ -24,4 +24,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,9 @@
-"""Algorithm presets (``llmgym-train --algo``): RAGEN-2's main-table settings mapped onto TRL's loss options.
+"""Algorithms (``llmgym-train --algo``): RAGEN-2's main-table settings mapped onto TRL's loss options.
 
-RAGEN-2 (reference ``ragen.md`` §4.5) runs four algorithms through veRL:
+An *algorithm* fixes how advantages are estimated and the loss aggregated; a *profile* (``trainer/profiles/``,
+``llmgym-train --profile``) holds per-environment settings. The two are chosen independently.
+
+RAGEN-2 (arXiv 2604.06268, App. B.2; RAGEN `scripts/runs/run_main_table_diff_algo.sh`) runs four algorithms through veRL:
 
 | name   | advantage          | loss aggregation     | other                  |
 |--------|--------------------|----------------------|------------------------|
@@ -10,15 +13,15 @@ RAGEN-2 (reference ``ragen.md`` §4.5) runs four algorithms through veRL:
 | drgrpo | group, mean only   | seq-mean-token-sum   |                        |
 
 and all share no KL loss and an entropy bonus of 0.001. Clip range: RAGEN-2's appendix lists 0.2/0.28 for its
-runs while its table names clip-higher only on the DAPO row. The critic-free presets (the default ``grpo``, and
-``drgrpo``) use the appendix's 0.2/0.28, which is the protocol ``llmgym-train --env X`` promises; ``ppo`` keeps the
+runs while its table names clip-higher only on the DAPO row. The critic-free algorithms (the default ``grpo``,
+and ``drgrpo``) use the appendix's 0.2/0.28, which is the protocol ``llmgym-train --env X`` promises; ``ppo`` keeps the
 symmetric 0.2 so that ``dapo`` (= PPO + clip-higher) stays a distinct row. In TRL's terms: token-mean is ``loss_type="dapo"``
 (normalised by active tokens of the batch), seq-mean-token-mean is ``"grpo"``, seq-mean-token-sum is
 ``"dr_grpo"`` (TRL divides the token sum by ``max_completion_length``, a constant factor). Note that RAGEN-2's
 "DAPO" keeps the critic: it is PPO with clip-higher, not the critic-free DAPO paper recipe.
 
-Every preset works with or without SNR filtering: the filter is configured separately and acts on the groups'
-reward variance, which every preset still samples (``num_generations`` rollouts per seed).
+Every algorithm works with or without SNR filtering: the filter is configured separately and acts on the groups'
+reward variance, which every algorithm still samples (``num_generations`` rollouts per seed).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One preset: how advantages are estimated and which config values it sets."""
+    """One algorithm: how advantages are estimated and which config values it sets."""
 
     name: str
     description: str
@@ -42,7 +45,7 @@ class Algorithm:
         return self.advantage == "gae"
 
 
-# Shared by every preset (RAGEN-2 App. B.2): no KL term, entropy bonus 0.001, lower clip 0.2.
+# Shared by every algorithm (RAGEN-2 App. B.2): no KL term, entropy bonus 0.001, lower clip 0.2.
 _COMMON: dict[str, Any] = {"beta": 0.0, "entropy_coef": 0.001, "epsilon": 0.2}
 _GAE: dict[str, Any] = {"gae_gamma": 1.0, "gae_lambda": 1.0, "whiten_advantages": True}
 
@@ -89,12 +92,12 @@ def _canonical(name: str) -> str:
 
 
 def get_algorithm(name: str) -> Algorithm:
-    """The preset called ``name`` (case, ``-``, ``_`` and ``.`` ignored, so ``Dr.GRPO`` works)."""
+    """The algorithm called ``name`` (case, ``-``, ``_`` and ``.`` ignored, so ``Dr.GRPO`` works)."""
     return ALGORITHMS[_canonical(name)]
 
 
 def algorithm_overrides(name: str) -> dict[str, Any]:
-    """Config values (TRL ``GRPOConfig`` fields and our PPO fields) that the preset ``name`` sets.
+    """Config values (TRL ``GRPOConfig`` fields and our PPO fields) that the algorithm ``name`` sets.
 
     Returns a fresh dict each call, so callers may edit it.
     """
@@ -102,7 +105,7 @@ def algorithm_overrides(name: str) -> dict[str, Any]:
 
 
 def trainer_class(name: str) -> type:
-    """The trainer class for preset ``name``: the PPO trainer for critic presets, else the GRPO trainer."""
+    """The trainer class for algorithm ``name``: the PPO trainer for critic algorithms, else the GRPO trainer."""
     if get_algorithm(name).uses_critic:
         from llm_gym.trainer.ppo import LLMGymPPOTrainer
 

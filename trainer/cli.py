@@ -2,12 +2,16 @@
 
 Configuration layers, later ones win:
 
-1. the ``--algo`` preset (``trainer.algorithms``; default: the env preset's ``algo``, else ``grpo``);
-2. the environment preset ``trainer/presets/<env>.yaml`` (RAGEN-2 protocol);
+1. the ``--algo`` algorithm (:mod:`llm_gym.trainer.algorithms`; default: the profile's ``algo``, else ``grpo``);
+2. the environment's settings in the ``--profile`` (``trainer/profiles/<profile>/<env>.yaml``; the default
+   profile ``recommended`` holds our recommended settings per environment, following RAGEN-2's protocol);
 3. CPU-sized settings, only when no GPU is found;
 4. ``--config file.yaml``;
-5. command-line fields, TRL style (``--learning_rate 1e-5``);
+5. command-line fields, TRL style (``--learning_rate 1e-5``, ``-o`` for ``--output_dir``);
 6. ``--set key=value`` (repeatable).
+
+Exit codes (as every llm-gym command): 0 success, 1 runtime or I/O error, 2 usage or configuration error (a bad
+option or value; an environment, profile or model that cannot be used).
 
 Everything is validated (environment, batch divisibility, model, chat template present) before the model is
 loaded; the chat template's token-level fitness is probed when the trainer is built, before any evaluation.
@@ -23,8 +27,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-PRESET_DIR = Path(__file__).with_name("presets")
-#: Keys a preset or config file may hold besides config fields.
+from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+
+#: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
+PROFILE_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "recommended"
+#: Keys a profile or config file may hold besides config fields.
 META_KEYS = ("model", "algo")
 
 #: Settings used when no GPU is available, unless the user sets them (sized for 2 CPU cores, a few minutes).
@@ -46,14 +54,20 @@ CPU_SETTINGS: dict[str, Any] = {
     "learning_rate": 1e-5,
     "logging_steps": 1,
     "eval_strategy": "no",
-    "num_eval_seeds": 8,
-    "per_device_eval_batch_size": 8,
+    # 32 seeds: a Wilson 95% interval of about +-0.13 around 0.2 (8 seeds: +-0.26), so that a success rate can
+    # be told apart from the random valid-action baseline printed beside it.
+    "num_eval_seeds": 32,
+    "per_device_eval_batch_size": 16,
     "save_strategy": "no",
     "dataloader_num_workers": 0,
+    # The answer-only format has no <think> span, so MI on it would never be computed: score the whole turn.
+    "mi_reasoning": "turn",
+    "mi_every": 2,
+    "mi_num_samples": 16,
 }
 
 
-#: CPU settings that only lower the preset's value.
+#: CPU settings that only lower the profile's value.
 CPU_CAPS = ("max_turns", "max_new_tokens", "max_completion_length")
 
 
@@ -65,20 +79,29 @@ def _short(env: str) -> str:
     return env.split("/")[-1].split("-v")[0].lower()
 
 
-def preset_path(env: str) -> Path | None:
-    """The preset YAML for ``env`` (any name ``resolve_env_id`` accepts), if one exists."""
-    from llm_gym.trainer.config import ENV_SHORT_NAMES
+def available_profiles() -> list[str]:
+    """Names of the bundled profiles (folders of ``trainer/profiles/``)."""
+    return sorted(p.name for p in PROFILE_DIR.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 
+
+def profile_path(env: str, profile: str = DEFAULT_PROFILE) -> Path | None:
+    """The profile's YAML for ``env`` (any name ``resolve_env_id`` accepts), or None when the profile has no
+    settings for it. Raises :class:`ConfigError` for an unknown profile, or when a profile other than the
+    default has nothing for this environment (running it would silently not follow the protocol)."""
     from llm_gym.registration import resolve_env_id
 
+    if profile not in available_profiles():
+        raise ConfigError(f"unknown profile {profile!r}; choose from {', '.join(available_profiles())}")
     try:
         env_id = resolve_env_id(env)
     except ValueError:
         return None  # the config's own validation reports the unknown name
-    for short, preset_id in ENV_SHORT_NAMES.items():
-        if preset_id == env_id:
-            p = PRESET_DIR / f"{short}.yaml"
-            return p if p.is_file() else None
+    p = PROFILE_DIR / profile / f"{_short(env_id)}.yaml"
+    if p.is_file():
+        return p
+    if profile != DEFAULT_PROFILE:
+        have = sorted(f.stem for f in (PROFILE_DIR / profile).glob("*.yaml"))
+        raise ConfigError(f"profile {profile!r} has no settings for {env_id} (it covers: {', '.join(have)})")
     return None
 
 
@@ -107,12 +130,20 @@ def build_parser() -> Any:
         prog="llmgym-train",
         description="Train an LLM agent with multi-turn RL (GRPO family or PPO) on an llm-gym environment. "
         "Every config field below can also be set in a YAML file (--config) or with --set key=value.",
+        epilog=EXIT_CODES_HELP,
     )
+    _add_alias(parser, "output_dir", "-o")
     group = parser.add_argument_group("llmgym-train")
     group.add_argument(
         "--model", default=None, help="Hub id, local folder, or 'smollm2' (offline SmolLM2-135M)."
     )
-    group.add_argument("--algo", default=None, help="Algorithm preset: ppo, grpo, dapo or drgrpo.")
+    group.add_argument("--algo", default=None, help="Algorithm: grpo (default), drgrpo, dapo or ppo.")
+    group.add_argument(
+        "--profile",
+        default=None,
+        help=f"Settings profile applied per environment (trainer/profiles/<profile>/<env>.yaml; default "
+        f"{DEFAULT_PROFILE!r}: our recommended settings).",
+    )
     group.add_argument("--config", default=None, help="YAML file of field: value overrides.")
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override one field.")
     group.add_argument(
@@ -123,6 +154,16 @@ def build_parser() -> Any:
         help="Resume from the latest checkpoint in output_dir, or from the given checkpoint folder.",
     )
     return parser
+
+
+def _add_alias(parser: Any, dest: str, alias: str) -> None:
+    """Let ``alias`` (a short flag such as ``-o``) set the field ``dest`` too."""
+    for action in parser._actions:
+        if action.dest == dest:
+            action.option_strings.append(alias)
+            parser._option_string_actions[alias] = action
+            return
+    raise ValueError(f"no option for {dest!r}")  # pragma: no cover
 
 
 def _field_names() -> set[str]:
@@ -146,6 +187,7 @@ def _explicit_cli(parser: Any, argv: list[str]) -> tuple[dict[str, Any], argpars
     meta = argparse.Namespace(
         model=given.pop("model", None),
         algo=given.pop("algo", None),
+        profile=given.pop("profile", None),
         config=given.pop("config", None),
         set=given.pop("set", []),
         resume=given.pop("resume", None),
@@ -204,13 +246,13 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
     user_file = {k: _convert(parser, k, v) for k, v in user_file.items()}
 
     env = sets.get("env", explicit.get("env", user_file.get("env", "FrozenLake")))
-    preset_file = preset_path(str(env))
-    preset = load_yaml(preset_file) if preset_file else {}
-    _check_keys(preset, str(preset_file), names)
-    preset = {k: _convert(parser, k, v) for k, v in preset.items()}
+    profile_file = profile_path(str(env), opts.profile or DEFAULT_PROFILE)
+    profile = load_yaml(profile_file) if profile_file else {}
+    _check_keys(profile, str(profile_file), names)
+    profile = {k: _convert(parser, k, v) for k, v in profile.items()}
 
     def pick(key: str, default: Any = None) -> Any:
-        for layer in (sets, {"model": opts.model, "algo": opts.algo}, user_file, preset):
+        for layer in (sets, {"model": opts.model, "algo": opts.algo}, user_file, profile):
             if layer.get(key) is not None:
                 return layer[key]
         return default
@@ -219,11 +261,11 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
     model = pick("model", "Qwen/Qwen2.5-3B-Instruct")
     gpu = has_gpu() if gpu is None else gpu
     merged: dict[str, Any] = dict(algorithm_overrides(algo))
-    merged.update({k: v for k, v in preset.items() if k not in META_KEYS})
+    merged.update({k: v for k, v in profile.items() if k not in META_KEYS})
     user_keys = set(user_file) | set(explicit) | set(sets)
     if not gpu:
         cpu = {k: v for k, v in CPU_SETTINGS.items() if k not in user_keys}
-        for key in CPU_CAPS:  # caps: never raise a preset's smaller value (Bandit keeps 1 turn)
+        for key in CPU_CAPS:  # caps: never raise a profile's smaller value (Bandit keeps 1 turn)
             if key in cpu and merged.get(key) is not None:
                 cpu[key] = min(cpu[key], merged[key])
         log(
@@ -243,7 +285,12 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
     merged["env"] = env
     merged.setdefault("output_dir", str(Path("runs") / f"{_short(str(env))}-{algo}"))
     config = LLMGymGRPOConfig(**merged)
-    return config, {"model": model, "algo": algo, "resume": opts.resume}
+    return config, {
+        "model": model,
+        "algo": algo,
+        "profile": opts.profile or DEFAULT_PROFILE,
+        "resume": opts.resume,
+    }
 
 
 def _eval_summary(metrics: dict[str, Any]) -> str:
@@ -260,9 +307,34 @@ def _eval_summary(metrics: dict[str, Any]) -> str:
     return ", ".join(parts) or "no metrics"
 
 
-def _error(msg: str) -> int:
+#: Written to output_dir after the before/after evaluation: baselines and success among valid answers.
+EVAL_REPORT_FILE = "eval_report.json"
+
+
+def _eval_report(config: Any) -> dict[str, Any]:
+    """The random valid-action baseline and solver optimum on the evaluation seeds (same limits), and each
+    evaluation's success / valid answers / success among valid answers (Wilson 95%) from the episode records
+    (none when records are off); written to ``output_dir/eval_report.json``."""
+    import json
+
+    from llm_gym.agent.baselines import evaluation_report
+    from llm_gym.agent.records import read_records
+
+    path = Path(config.output_dir) / config.episode_records if config.episode_records else None
+    records = (
+        [r for r in read_records(path) if r.meta.get("mode") == "eval"] if path and path.is_file() else []
+    )
+    seeds = list(range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
+    samples = int(getattr(config, "num_generations_eval", 1) or 1)
+    report = evaluation_report(config.env, seeds, config.make_env_kwargs(), records, samples=samples)
+    out = Path(config.output_dir) / EVAL_REPORT_FILE
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _error(msg: str, code: int = EXIT_USAGE) -> int:
     print(f"llmgym-train: error: {msg}", file=sys.stderr)
-    return 2
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
-        return 0
+        return EXIT_OK
     from llm_gym.trainer.models import ModelError, check_model
 
     log = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
@@ -298,8 +370,10 @@ def run(config: Any, meta: dict[str, Any]) -> int:
         cls = trainer_class(meta["algo"])
         # The rollout function probes the chat template here, before any training or evaluation.
         trainer = cls(model=model, args=config, processing_class=tokenizer)
-    except (ModelError, ChatTemplateError, OSError) as e:
-        return _error(str(e))
+    except (ModelError, ChatTemplateError) as e:  # the named model cannot be used: configuration
+        return _error(str(e), EXIT_USAGE)
+    except OSError as e:
+        return _error(str(e), EXIT_RUNTIME)
     is_main = trainer.accelerator.is_main_process
     say = print if is_main else (lambda *a, **k: None)
     say(
@@ -323,16 +397,38 @@ def run(config: Any, meta: dict[str, Any]) -> int:
         if after:
             print(f"llmgym-train: after training: {_eval_summary(after)}")
         if before and after:
+            from llm_gym.agent.baselines import format_baseline, format_outcomes
+
+            report = _eval_report(config)
+            for label, ev in zip(("before", "after"), report["evals"][:1] + report["evals"][-1:]):
+                print(
+                    f"llmgym-train: {label} training ({config.num_eval_seeds} seeds): {format_outcomes(ev)}"
+                )
+            base = format_baseline(report["baseline"])
+            print(f"llmgym-train: baseline on the same seeds and limits: {base}")
             summary.append(
                 f"success before {before.get('eval_env/success', float('nan')):.3f} -> "
-                f"after {after.get('eval_env/success', float('nan')):.3f}"
+                f"after {after.get('eval_env/success', float('nan')):.3f} ({base})"
             )
         if last:
             summary.append(
                 f"last train reward {last['reward']:.3f}, success {last.get('env/success', float('nan')):.3f}"
             )
         print(" | ".join(summary))
-    return 0
+        if config.collapse_report:
+            _collapse_png(config)
+    return EXIT_OK
+
+
+def _collapse_png(config: Any) -> None:
+    """Plot the run's collapse series (MI, entropies, reward variance) next to it as a PNG."""
+    from llm_gym.trainer.collapse_report import plot, read_series
+
+    path = Path(config.output_dir) / config.collapse_report
+    rows = read_series(path) if path.is_file() else []
+    if rows:
+        out = plot(rows, path.with_suffix(".png"), f"collapse report: {Path(config.output_dir).name}")
+        print(f"llmgym-train: collapse report {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,36 +1,81 @@
-"""``LLMGymGRPOConfig``: TRL's ``GRPOConfig`` plus the environment, rollout, signal (SNR/MI) and PPO fields.
+"""The one configuration module of the trainer: every llm-gym field, grouped, with its help text.
 
-Every field carries its help text in ``metadata`` (as TRL does), so ``llmgym-train --help``, the docs and the
-code never drift apart. Group sampling: ``num_prompts`` (P, environment seeds per step) x ``num_generations``
-(G, rollouts sharing a seed) trajectories per generation round, i.e. ``generation_batch_size = P * G``.
+``LLMGymGRPOConfig`` is TRL's ``GRPOConfig`` plus the groups below. As in TRL's ``GRPOConfig``, every field
+carries its help text in ``metadata``, so ``llmgym-train --help``, the docs and the code never drift apart.
+
+Groups (one dataclass each, mixed into ``LLMGymGRPOConfig``):
+
+- :class:`EnvArguments`: which environment and its turn/action limits;
+- :class:`PromptArguments`: the chat the policy sees;
+- :class:`RolloutArguments`: generation per turn and RAGEN's seeding (group sampling: ``num_prompts`` (P,
+  environment seeds per round) x ``num_generations`` (G, rollouts sharing a seed), so
+  ``generation_batch_size = P * G``);
+- :class:`EvalArguments`: in-training evaluation on fixed seeds;
+- :class:`OutputArguments`: episode records and the collapse report;
+- :class:`FilterArguments`: SNR-aware group filtering (RAGEN-2, Sec. 4);
+- :class:`MIArguments`: mutual-information collapse metrics (RAGEN-2, Sec. 3);
+- :class:`PPOArguments`: the critic and GAE, read only by ``--algo ppo`` / ``--algo dapo``.
+
+Defaults that other modules share (``llmgym-eval``, the policies) are the module constants below; they import
+them from here and never repeat the numbers. Importing this module is cheap: ``LLMGymGRPOConfig`` (which needs
+TRL, and through it torch) is defined on first access.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
-
-from llm_gym.trainer.callbacks import SignalArguments
-from llm_gym.trainer.ppo_args import PPOArguments
-from trl import GRPOConfig
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat
-from llm_gym.registration import resolve_env_id
 
-#: Short environment names accepted by ``--env`` (the preset files use the same names).
-ENV_SHORT_NAMES: dict[str, str] = {
-    "frozenlake": "llmgym/FrozenLake-v0",
-    "sokoban": "llmgym/Sokoban-v0",
-    "bandit": "llmgym/Bandit-v0",
-    "countdown": "llmgym/Countdown-v0",
-    "metamathqa": "llmgym/MetaMathQA-v0",
-}
+logger = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------------ shared defaults
+#: First validation seed (RAGEN's ``seed.val``), away from the training seeds.
+EVAL_SEED = 123
+#: First training seed (RAGEN's ``seed.train``): group g of round s plays ``TRAIN_SEED + s * P + g``.
+TRAIN_SEED = 10000
+#: Sampling temperature in evaluation (RAGEN-2 evaluates with T = 0.5).
+EVAL_TEMPERATURE = 0.5
+#: Nucleus sampling in evaluation (1.0 = off).
+EVAL_TOP_P = 1.0
+#: Tokens the model may generate per turn (RAGEN: ``max_tokens`` 400).
+MAX_NEW_TOKENS = 400
+#: Episode records file name (the :mod:`llm_gym.agent.records` JSONL the viewer reads).
+EPISODES_FILE = "episodes.jsonl"
+
+# Choices of the string-valued fields (validated in ``__post_init__``).
+FILTER_STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "off")
+FILTER_METRICS = ("variance", "std")
+FILTER_DROPS = ("remove", "mask")
+FILTER_LOSS_SCALINGS = ("none", "linear", "sqrt")
+MI_REASONING = ("think", "turn")
+MI_MARGINALS = ("code", "paper")
+MI_SCORERS = ("cached", "trl")
 
 
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _nonnegative_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------ environment
 @dataclass
 class EnvArguments:
-    """Environment, rollout and evaluation settings (ours, beside TRL's fields)."""
+    """Which environment is played, and its turn and action limits."""
 
     env: str = field(
         default="llmgym/FrozenLake-v0",
@@ -65,80 +110,10 @@ class EnvArguments:
             "environment's default (None)."
         },
     )
-    max_new_tokens: int = field(
-        default=400, metadata={"help": "Tokens the model may generate per turn (RAGEN: 400)."}
-    )
-    reward_feedback: bool = field(
-        default=False, metadata={"help": "Show the previous turn's reward each turn."}
-    )
-    system_prompt: str = field(
-        default=DEFAULT_SYSTEM_PROMPT,
-        metadata={"help": "Sentence opening the system message (instructions follow)."},
-    )
-    one_shot_example: bool = field(
-        default=False,
-        metadata={
-            "help": "Show one demonstration turn (example state + well-formed answer) after the system message."
-        },
-    )
-    chat_template: str | None = field(
-        default=None, metadata={"help": "Path to a Jinja chat template that replaces the tokenizer's."}
-    )
-    num_prompts: int | None = field(
-        default=None,
-        metadata={
-            "help": "P: environment seeds (groups) per generation round; generation_batch_size = P * "
-            "num_generations. None leaves TRL's batch settings as they are."
-        },
-    )
-    train_seed: int = field(
-        default=10000,
-        metadata={
-            "help": "Base training seed: group g of round s plays seed train_seed + s * P + g (RAGEN)."
-        },
-    )
-    num_train_seeds: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rows of the seed dataset; None = enough for max_steps rounds (or 100000 without)."
-        },
-    )
-    eval_seed: int = field(default=123, metadata={"help": "First validation seed (RAGEN: 123)."})
-    num_eval_seeds: int = field(
-        default=64,
-        metadata={"help": "Fixed validation seeds eval_seed .. eval_seed + n - 1 (0 = no evaluation)."},
-    )
-    eval_temperature: float = field(
-        default=0.5, metadata={"help": "Sampling temperature in evaluation (RAGEN)."}
-    )
-    eval_before_after: bool = field(
-        default=True, metadata={"help": "Evaluate before and after training (llmgym-train prints both)."}
-    )
-    episode_records: str = field(
-        default="episodes.jsonl",
-        metadata={"help": "JSONL file in output_dir for episode records (replay/viewer); '' = off."},
-    )
-    records_every: int = field(
-        default=1, metadata={"help": "Write the records of every k-th generation round (eval rounds always)."}
-    )
 
+    def _validate_env(self) -> None:
+        from llm_gym.registration import resolve_env_id
 
-@dataclass
-class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
-    """TRL's ``GRPOConfig`` plus environment/rollout, SNR/MI signal and PPO critic settings."""
-
-    num_generations_eval: int | None = field(
-        default=1,
-        metadata={"help": "Rollouts per evaluation seed (1: each fixed seed is played once, as in RAGEN)."},
-    )
-    shuffle_dataset: bool | None = field(
-        default=False,
-        metadata={
-            "help": "Shuffle the seed rows; False (default) keeps RAGEN's seeding train_seed + s * P + g."
-        },
-    )
-
-    def __post_init__(self) -> None:
         self.env = resolve_env_id(self.env)
         if isinstance(self.env_kwargs, str):
             try:
@@ -150,59 +125,11 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
             self.env_kwargs = {}
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
-        for name in ("max_turns", "max_actions_per_turn", "max_actions", "max_new_tokens", "records_every"):
+        for name in ("max_turns", "max_actions_per_turn", "max_actions"):
             value = getattr(self, name)
-            if value is None and name not in ("max_new_tokens", "records_every"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value is not None and not _positive_int(value):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_eval_seeds < 0:
-            raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
-        if self.eval_temperature < 0:
-            raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
-        if self.num_prompts is not None:
-            if (
-                isinstance(self.num_prompts, bool)
-                or not isinstance(self.num_prompts, int)
-                or self.num_prompts < 1
-            ):
-                raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
-            if self.steps_per_generation is not None:
-                raise ValueError("set either num_prompts or steps_per_generation, not both")
-            self.generation_batch_size = self.num_prompts * self.num_generations
-        if (
-            self.generation_batch_size is not None
-            and self.generation_batch_size % self.per_device_train_batch_size
-        ):
-            raise ValueError(
-                f"num_prompts x num_generations = {self.generation_batch_size} rollouts per round must be divisible "
-                f"by per_device_train_batch_size ({self.per_device_train_batch_size}) x number of processes; "
-                "change --num_prompts, --num_generations or --per_device_train_batch_size"
-            )
-        if self.mask_truncated_completions:
-            raise ValueError(
-                "mask_truncated_completions has no effect with llm-gym's multi-turn rollouts: every turn is closed "
-                "with an end-of-turn token, so TRL never sees a truncated completion. Leave it False and watch "
-                "env/budget_stop_rate (episodes cut by max_completion_length) instead"
-            )
-        if self.max_completion_length is not None and self.max_completion_length < 8:
-            raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
-        super().__post_init__()
-        micro_batches = self.steps_per_generation * self.num_iterations
-        if micro_batches % self.gradient_accumulation_steps:
-            # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip callback
-            # could drop a kept round's gradients when the next round is empty.
-            raise ValueError(
-                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the micro-batches "
-                f"of one generation round: steps_per_generation ({self.steps_per_generation}) x num_iterations "
-                f"({self.num_iterations}) = {micro_batches}, where steps_per_generation = num_prompts x "
-                "num_generations / (per_device_train_batch_size x processes). Lower --gradient_accumulation_steps "
-                "or --per_device_train_batch_size, or raise --num_prompts"
-            )
-        self.validate_signal_args()
-        self.validate_ppo_args()
 
-    # ------------------------------------------------------------------------------------------- helpers
     def make_env_kwargs(self) -> dict[str, Any]:
         """gym.make kwargs: the turn/action limits plus ``env_kwargs`` (which win)."""
         kwargs: dict[str, Any] = {}
@@ -212,15 +139,477 @@ class LLMGymGRPOConfig(GRPOConfig, EnvArguments, SignalArguments, PPOArguments):
         kwargs.update(self.env_kwargs or {})
         return kwargs
 
+
+# ------------------------------------------------------------------------------------------ prompt
+@dataclass
+class PromptArguments:
+    """The chat the policy sees: system prompt, demonstration, feedback, template."""
+
+    system_prompt: str = field(
+        default=DEFAULT_SYSTEM_PROMPT,
+        metadata={"help": "Sentence opening the system message (instructions follow)."},
+    )
+    one_shot_example: bool = field(
+        default=False,
+        metadata={
+            "help": "Show one demonstration turn (example state + well-formed answer) after the system message."
+        },
+    )
+    reward_feedback: bool = field(
+        default=False, metadata={"help": "Show the previous turn's reward each turn."}
+    )
+    chat_template: str | None = field(
+        default=None, metadata={"help": "Path to a Jinja chat template that replaces the tokenizer's."}
+    )
+
     def chat_format(self) -> ChatFormat:
-        """The chat format of training and in-training evaluation rollouts: always the full history, so the
-        trained sequence is the one that was sampled (``llmgym-eval --history-window`` can shorten it)."""
+        """The ``ChatFormat`` of training and in-training evaluation rollouts: always the full history, so the
+        trained sequence is the one that was sampled (``llmgym-eval --history_window`` can shorten it)."""
         return ChatFormat(
             system_prompt=self.system_prompt,
             reward_feedback=self.reward_feedback,
             one_shot=self.one_shot_example,
         )
 
-    @property
-    def num_prompts_per_round(self) -> int:
-        return (self.generation_batch_size or self.num_generations) // self.num_generations
+
+# ------------------------------------------------------------------------------------------ rollouts and seeds
+@dataclass
+class RolloutArguments:
+    """Generation per turn, group sampling and RAGEN's seeding of training rounds."""
+
+    max_new_tokens: int = field(
+        default=MAX_NEW_TOKENS, metadata={"help": "Tokens the model may generate per turn (RAGEN: 400)."}
+    )
+    num_prompts: int | None = field(
+        default=None,
+        metadata={
+            "help": "P: environment seeds (groups) per generation round; generation_batch_size = P * "
+            "num_generations. None leaves TRL's batch settings as they are."
+        },
+    )
+    train_seed: int = field(
+        default=TRAIN_SEED,
+        metadata={
+            "help": "Base training seed: group g of round s plays seed train_seed + s * P + g (RAGEN)."
+        },
+    )
+    num_train_seeds: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows of the seed dataset; None = enough for max_steps rounds (or 100000 without)."
+        },
+    )
+    group_dynamics: str = field(
+        default="independent",
+        metadata={
+            "help": "Transition randomness within a group: independent (each rollout resets with its own "
+            "dynamics_seed, so FrozenLake slips and Bandit payouts differ while the start state is shared, as in "
+            "RAGEN) or shared (every rollout of a group sees the same transitions).",
+            "choices": ["independent", "shared"],
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+@dataclass
+class EvalArguments:
+    """In-training evaluation on fixed seeds (``eval_seed .. eval_seed + num_eval_seeds - 1``)."""
+
+    eval_seed: int = field(default=EVAL_SEED, metadata={"help": "First validation seed (RAGEN: 123)."})
+    num_eval_seeds: int = field(
+        default=64,
+        metadata={"help": "Fixed validation seeds eval_seed .. eval_seed + n - 1 (0 = no evaluation)."},
+    )
+    eval_temperature: float = field(
+        default=EVAL_TEMPERATURE, metadata={"help": "Sampling temperature in evaluation (RAGEN-2: 0.5)."}
+    )
+    eval_before_after: bool = field(
+        default=True, metadata={"help": "Evaluate before and after training (llmgym-train prints both)."}
+    )
+
+
+# ------------------------------------------------------------------------------------------ outputs
+@dataclass
+class OutputArguments:
+    """Files written into ``output_dir`` besides TRL's checkpoints."""
+
+    episode_records: str = field(
+        default=EPISODES_FILE,
+        metadata={"help": "JSONL file in output_dir for episode records (replay/viewer); '' = off."},
+    )
+    records_every: int = field(
+        default=1, metadata={"help": "Write the records of every k-th generation round (eval rounds always)."}
+    )
+    collapse_report: str = field(
+        default="collapse.jsonl",
+        metadata={"help": "JSONL in output_dir with the MI, entropy and reward-variance series; '' = off."},
+    )
+
+
+# ------------------------------------------------------------------------------------------ SNR filter
+@dataclass
+class FilterArguments:
+    """SNR-aware group filtering (RAGEN-2, Sec. 4): train on the groups whose rewards spread."""
+
+    filter_strategy: str = field(
+        default="top_p",
+        metadata={
+            "help": "Group filter on per-group reward spread: top_p (RAGEN-2 cumulative variance mass), top_k, "
+            "min_p, softmax_top_p (RAGEN's older rule) or off."
+        },
+    )
+    filter_value: float = field(
+        default=0.9,
+        metadata={
+            "help": "rho for top_p / softmax_top_p (share of the total score kept), fraction of groups for "
+            "top_k, fraction of the best score for min_p."
+        },
+    )
+    filter_include_zero: bool = field(
+        default=False,
+        metadata={
+            "help": "Let zero-variance groups be kept (RAGEN-2 recommends False: they carry no task signal)."
+        },
+    )
+    filter_eps: float = field(
+        default=0.01,
+        metadata={
+            "help": "top_p threshold slack: keep the smallest prefix reaching rho*total - eps; "
+            "rho*total <= eps rejects the batch."
+        },
+    )
+    filter_metric: str = field(
+        default="variance",
+        metadata={
+            "help": "Group score: variance (the paper) or std (RAGEN's code); unbiased estimator either way."
+        },
+    )
+    filter_loss_scaling: str = field(
+        default="none",
+        metadata={
+            "help": "Multiply advantages by the kept-group ratio: none (RAGEN scripts), linear or sqrt."
+        },
+    )
+    filter_drop: str = field(
+        default="remove",
+        metadata={
+            "help": "remove: dropped groups leave the batch, so the update skips their forward/backward; "
+            "mask: keep them with zero loss weight (full compute; needed for multimodal batches)."
+        },
+    )
+    filter_empty_stop_steps: int = field(
+        default=5,
+        metadata={
+            "help": "Stop training after this many consecutive rounds with nothing kept (0 = never stop)."
+        },
+    )
+
+    def _validate_filter(self) -> None:
+        from llm_gym.trainer.snr_filter import validate_filter
+
+        validate_filter(self.filter_strategy, self.filter_value, self.filter_eps)
+        choices = {
+            "filter_metric": FILTER_METRICS,
+            "filter_loss_scaling": FILTER_LOSS_SCALINGS,
+            "filter_drop": FILTER_DROPS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not _nonnegative_int(self.filter_empty_stop_steps):
+            raise ValueError(
+                f"filter_empty_stop_steps must be an integer >= 0, got {self.filter_empty_stop_steps!r}"
+            )
+        spg, group = getattr(self, "steps_per_generation", None), getattr(self, "num_generations", None)
+        if self.filter_strategy != "off" and self.filter_drop == "remove" and spg and group and group % spg:
+            logger.warning(
+                "SNR filtering: steps_per_generation=%s does not divide num_generations=%s, so each process pads "
+                "its kept rows with up to %s masked rows (they cost compute) for TRL's even split into micro-batches. "
+                "Raise per_device_train_batch_size (and lower gradient_accumulation_steps to keep the update batch) "
+                "until steps_per_generation = rollouts per process / per_device_train_batch_size divides "
+                "num_generations.",
+                spg,
+                group,
+                spg - 1,
+            )
+
+
+# ------------------------------------------------------------------------------------------ MI metrics
+@dataclass
+class MIArguments:
+    """Mutual-information collapse metrics (RAGEN-2, Sec. 3): does the reasoning still depend on the input?"""
+
+    mi_every: int = field(
+        default=5,
+        metadata={
+            "help": "Compute MI collapse metrics every k generation rounds, and on the first; 0 = off."
+        },
+    )
+    mi_num_samples: int = field(
+        default=64, metadata={"help": "At most this many (prompt, reasoning) pairs per scope and process."}
+    )
+    mi_std_eps: float = field(default=1e-3, metadata={"help": "Epsilon in the MI z-score denominator."})
+    mi_ema_decay: float = field(
+        default=0.9, metadata={"help": "EMA decay of the marginal std (MI-ZScore-EMA)."}
+    )
+    mi_first_turn: bool = field(
+        default=True, metadata={"help": "Log first-turn MI metrics (mi/first_turn/*)."}
+    )
+    mi_trajectory: bool = field(
+        default=True,
+        metadata={"help": "Log trajectory MI metrics (mi/trajectory/*): a random turn of each draw."},
+    )
+    mi_reasoning: str = field(
+        default="think",
+        metadata={
+            "help": "Reasoning Z: think (tokens inside <think>...</think>) or turn (all model tokens of a turn)."
+        },
+    )
+    mi_marginal: str = field(
+        default="code",
+        metadata={"help": "Per-token marginal: code (RAGEN code, logmeanexp of per-token scores) or paper."},
+    )
+    mi_batch_size: int = field(
+        default=16, metadata={"help": "Sequences per no-grad forward when cross-scoring."}
+    )
+    mi_scorer: str = field(
+        default="cached",
+        metadata={
+            "help": "cached: encode each prompt once and reuse its KV cache for every reasoning (much cheaper on "
+            "long trajectories); trl: full sequences through TRL's log-prob function (any model TRL supports)."
+        },
+    )
+
+    def _validate_mi(self) -> None:
+        choices = {"mi_reasoning": MI_REASONING, "mi_marginal": MI_MARGINALS, "mi_scorer": MI_SCORERS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not _nonnegative_int(self.mi_every):
+            raise ValueError(f"mi_every must be an integer >= 0, got {self.mi_every!r}")
+        for name, low in (("mi_num_samples", 2), ("mi_batch_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not self.mi_std_eps > 0:
+            raise ValueError(f"mi_std_eps must be > 0, got {self.mi_std_eps}")
+        if not 0.0 <= self.mi_ema_decay < 1.0:
+            raise ValueError(f"mi_ema_decay must be in [0, 1), got {self.mi_ema_decay}")
+
+
+@dataclass
+class SignalArguments(FilterArguments, MIArguments, OutputArguments):
+    """The RAGEN-2 signal tools together (SNR filter, MI metrics and their report), for code that uses only them."""
+
+    def validate_signal_args(self) -> None:
+        """Raise ``ValueError`` on an out-of-range or unknown filter / MI / report setting."""
+        self._validate_filter()
+        self._validate_mi()
+        if self.collapse_report and os.path.basename(self.collapse_report) != self.collapse_report:
+            raise ValueError(
+                f"collapse_report must be a file name inside output_dir, got {self.collapse_report!r}"
+            )
+        if not _positive_int(self.records_every):
+            raise ValueError(f"records_every must be a positive integer, got {self.records_every!r}")
+
+
+# ------------------------------------------------------------------------------------------ PPO critic
+@dataclass
+class PPOArguments:
+    """Critic (value head) and GAE settings; read only by ``--algo ppo`` / ``--algo dapo``.
+
+    Defaults follow RAGEN-2's PPO protocol (RAGEN-2, App. B.2; RAGEN ``config/base.yaml``): GAE with
+    gamma = lambda = 1, critic learning rate 1e-5, value clipping 0.2, advantages whitened over model tokens.
+    """
+
+    vf_coef: float = field(
+        default=0.5,
+        metadata={
+            "help": "Weight of the clipped value loss added to the policy loss (PPO only). The value head shares the "
+            "policy's backbone, so this also scales the value gradient that reaches the backbone."
+        },
+    )
+    value_lr: float = field(
+        default=1e-5,
+        metadata={
+            "help": "Learning rate of the value head's own optimizer parameter group (PPO only). RAGEN-2 uses 1e-5 "
+            "for the critic and 1e-6 for the actor."
+        },
+    )
+    value_clip: float | None = field(
+        default=0.2,
+        metadata={
+            "help": "Clip range of the value update around the values seen at rollout time (PPO-style clipped "
+            "value loss). 0 (or None) disables clipping."
+        },
+    )
+    gae_gamma: float = field(
+        default=1.0,
+        metadata={
+            "help": "GAE discount gamma over model tokens (PPO only). Environment tokens are transparent."
+        },
+    )
+    gae_lambda: float = field(
+        default=1.0,
+        metadata={
+            "help": "GAE lambda over model tokens (PPO only). 1.0 gives returns minus values (Monte Carlo)."
+        },
+    )
+    whiten_advantages: bool = field(
+        default=True,
+        metadata={
+            "help": "Whiten the token-level GAE advantages (zero mean, unit std over all model tokens of the "
+            "batch) before the policy loss (PPO only)."
+        },
+    )
+    value_head_init_std: float = field(
+        default=1e-3,
+        metadata={
+            "help": "Std of the normal init of the value head's weight (its bias starts at 0), so initial values "
+            "are close to 0 (PPO only)."
+        },
+    )
+    value_detach_backbone: bool = field(
+        default=False,
+        metadata={
+            "help": "Stop the value loss's gradient at the backbone's last hidden state, so only the value head "
+            "learns from it and the policy weights see the policy loss alone (PPO only)."
+        },
+    )
+
+    def validate_ppo_args(self) -> None:
+        """Raise ``ValueError`` with a clear message when a PPO setting is out of range."""
+        if _finite("vf_coef", self.vf_coef) < 0:
+            raise ValueError(f"vf_coef must be >= 0, got {self.vf_coef}")
+        if _finite("value_lr", self.value_lr) <= 0:
+            raise ValueError(f"value_lr must be > 0, got {self.value_lr}")
+        if self.value_clip is not None and _finite("value_clip", self.value_clip) < 0:
+            raise ValueError(f"value_clip must be >= 0 (0 or None disables clipping), got {self.value_clip}")
+        for name in ("gae_gamma", "gae_lambda"):
+            if not 0.0 <= _finite(name, getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if _finite("value_head_init_std", self.value_head_init_std) < 0:
+            raise ValueError(f"value_head_init_std must be >= 0, got {self.value_head_init_std}")
+        for name in ("whiten_advantages", "value_detach_backbone"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+
+# ------------------------------------------------------------------------------------------ the full config
+def _define_config() -> type:
+    """Define ``LLMGymGRPOConfig`` (imports TRL, so it runs on first access, not at import)."""
+    from trl import GRPOConfig
+
+    @dataclass
+    class LLMGymGRPOConfig(
+        GRPOConfig,
+        EnvArguments,
+        PromptArguments,
+        RolloutArguments,
+        EvalArguments,
+        SignalArguments,
+        PPOArguments,
+    ):
+        """TRL's ``GRPOConfig`` plus llm-gym's environment, prompt, rollout, evaluation, output, SNR filter,
+        MI and PPO settings (see the module docstring for the groups)."""
+
+        # TRL fields whose default differs for multi-turn environment training.
+        num_generations_eval: int | None = field(
+            default=1,
+            metadata={
+                "help": "Rollouts per evaluation seed (1: each fixed seed is played once, as in RAGEN)."
+            },
+        )
+        shuffle_dataset: bool | None = field(
+            default=False,
+            metadata={
+                "help": "Shuffle the seed rows; False (default) keeps RAGEN's seeding train_seed + s * P + g."
+            },
+        )
+
+        def __post_init__(self) -> None:
+            self._validate_env()
+            if not _positive_int(self.max_new_tokens):
+                raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+            if self.num_eval_seeds < 0:
+                raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
+            if self.eval_temperature < 0:
+                raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+            if self.num_prompts is not None:
+                if not _positive_int(self.num_prompts):
+                    raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
+                if self.steps_per_generation is not None:
+                    raise ValueError("set either num_prompts or steps_per_generation, not both")
+                self.generation_batch_size = self.num_prompts * self.num_generations
+            if (
+                self.generation_batch_size is not None
+                and self.generation_batch_size % self.per_device_train_batch_size
+            ):
+                raise ValueError(
+                    f"num_prompts x num_generations = {self.generation_batch_size} rollouts per round must be "
+                    f"divisible by per_device_train_batch_size ({self.per_device_train_batch_size}) x number of "
+                    "processes; change --num_prompts, --num_generations or --per_device_train_batch_size"
+                )
+            if self.mask_truncated_completions:
+                raise ValueError(
+                    "mask_truncated_completions has no effect with llm-gym's multi-turn rollouts: every turn is "
+                    "closed with an end-of-turn token, so TRL never sees a truncated completion. Leave it False "
+                    "and watch env/budget_stop_rate (episodes cut by max_completion_length) instead"
+                )
+            if self.max_completion_length is not None and self.max_completion_length < 8:
+                raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
+            super().__post_init__()
+            micro_batches = self.steps_per_generation * self.num_iterations
+            if micro_batches % self.gradient_accumulation_steps:
+                # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip
+                # callback could drop a kept round's gradients when the next round is empty.
+                raise ValueError(
+                    f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
+                    f"micro-batches of one generation round: steps_per_generation ({self.steps_per_generation}) "
+                    f"x num_iterations ({self.num_iterations}) = {micro_batches}, where steps_per_generation = "
+                    "num_prompts x num_generations / (per_device_train_batch_size x processes). Lower "
+                    "--gradient_accumulation_steps or --per_device_train_batch_size, or raise --num_prompts"
+                )
+            self.validate_signal_args()
+            self.validate_ppo_args()
+
+        @property
+        def num_prompts_per_round(self) -> int:
+            """P: environment seeds per generation round."""
+            return (self.generation_batch_size or self.num_generations) // self.num_generations
+
+    # Defined in a function, but pickled (Trainer saves training_args.bin) and documented as this module's.
+    LLMGymGRPOConfig.__qualname__ = "LLMGymGRPOConfig"
+    LLMGymGRPOConfig.__module__ = __name__
+    return LLMGymGRPOConfig
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    LLMGymGRPOConfig: type
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLMGymGRPOConfig":
+        cls = _define_config()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "EVAL_SEED",
+    "EVAL_TEMPERATURE",
+    "EVAL_TOP_P",
+    "MAX_NEW_TOKENS",
+    "TRAIN_SEED",
+    "EnvArguments",
+    "EvalArguments",
+    "FilterArguments",
+    "LLMGymGRPOConfig",
+    "MIArguments",
+    "OutputArguments",
+    "PPOArguments",
+    "PromptArguments",
+    "RolloutArguments",
+    "SignalArguments",
+]

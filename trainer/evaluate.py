@@ -5,7 +5,7 @@ batched ``generate`` per turn, or a served model behind an OpenAI-compatible end
 to ``episodes.jsonl`` (the :mod:`llm_gym.agent.records` format the viewer reads) as soon as its batch ends, so an
 interrupted run continues with ``--resume``; ``summary.json`` holds the metrics and a table is printed.
 
-    llmgym-eval --model smollm2 --env FrozenLake Sokoban --num-seeds 32 --samples-per-seed 4
+    llmgym-eval --model smollm2 --env FrozenLake Sokoban --num_seeds 32 --samples_per_seed 4
     llmgym-eval --endpoint http://localhost:8000/v1 --model Qwen/Qwen2.5-3B-Instruct --env Countdown
 """
 
@@ -21,33 +21,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_gym.trainer.config import (
+    EPISODES_FILE,
+    EVAL_SEED,
+    EVAL_TEMPERATURE,
+    EVAL_TOP_P,
+    MAX_NEW_TOKENS,
+)
+
+from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eval's statistics
+    baseline_success,
+    format_rate,
+    outcome_summary,
+    wilson_interval,
+)
 from llm_gym.agent.records import EpisodeRecord, iter_records, write_records
+from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
 
-#: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed`` 10000).
-DEFAULT_SEED_START = 123
-EPISODES_FILE = "episodes.jsonl"
+#: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed``).
+DEFAULT_SEED_START = EVAL_SEED
 SUMMARY_FILE = "summary.json"
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95% for ``z=1.96``); ``(0, 1)`` when ``n == 0``."""
-    if n < 0 or successes < 0 or successes > n:
-        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
-    if z <= 0:
-        raise ValueError(f"z must be > 0, got {z}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact bounds at the extremes (no rounding)
-    hi = 1.0 if successes == n else min(1.0, centre + half)
-    return lo, hi
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples of which ``c`` succeeded: ``1 - C(n-c, k) / C(n, k)``."""
     if not (0 <= c <= n) or k < 1:
@@ -134,13 +131,27 @@ def summarize_env(records: Sequence[EpisodeRecord], ks: Iterable[int], z: float 
         "valid_action_rate": m.get("valid_action_rate", 0.0),
         "effective_action_rate": m.get("effective_action_rate", 0.0),
         "mean_reward": m.get("episode_reward", 0.0),
+        # the answer format apart from the task: fully valid episodes, and the success among them
+        **{k: v for k, v in outcome_summary(records, z).items() if k in ("valid", "success_given_valid")},
     }
 
 
 def format_table(per_env: dict[str, dict[str, Any]]) -> str:
     """A fixed-width text table, one row per environment."""
     ks = sorted({k for s in per_env.values() for k in s if k.startswith("pass@")}, key=lambda k: int(k[5:]))
-    head = ["env", "episodes", "success", "95% CI", *ks, "turns", "valid", "reward"]
+    head = [
+        "env",
+        "episodes",
+        "success",
+        "95% CI",
+        *ks,
+        "turns",
+        "valid",
+        "succ|valid",
+        "reward",
+        "random valid",
+        "optimum",
+    ]
     rows = []
     for env_id, s in per_env.items():
         lo, hi = s["success_ci"]
@@ -153,7 +164,12 @@ def format_table(per_env: dict[str, dict[str, Any]]) -> str:
                 *(f"{s[k]:.3f}" if k in s else "-" for k in ks),
                 f"{s['mean_turns']:.2f}",
                 f"{s['valid_action_rate']:.3f}",
+                format_rate(s["success_given_valid"], 2) if s.get("success_given_valid") else "-",
                 f"{s['mean_reward']:.3f}",
+                *(
+                    format_rate(b, 3) if b else "-"
+                    for b in (s.get("baseline", {}).get("random"), s.get("baseline", {}).get("optimum"))
+                ),
             ]
         )
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -254,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="llmgym-eval",
         description="Evaluate a model on llm-gym environments over fixed seeds (success rate with a Wilson "
         "interval, pass@k, mean turns, valid-action rate). Episodes go to episodes.jsonl, metrics to summary.json.",
+        epilog=EXIT_CODES_HELP,
     )
     p.add_argument(
         "--model", required=True, help="hub id, local folder or 'smollm2'; with --endpoint: the served name"
@@ -262,7 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint",
         help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) instead of a local model",
     )
-    p.add_argument("--api-key", help="bearer token for --endpoint (default: $OPENAI_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        help="bearer token for --endpoint (default: $OPENAI_API_KEY, which keeps it out of the process list); "
+        "sent only to the endpoint's origin, never printed or recorded",
+    )
     p.add_argument(
         "--env", nargs="+", default=["FrozenLake"], help="short names (FrozenLake Sokoban ...) or ids"
     )
@@ -276,10 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-seed", "-n", type=int, default=1, help="episodes per seed (n for pass@k)")
     p.add_argument("--k", type=int, nargs="+", help="pass@k values to report (default: 1 and n)")
     p.add_argument(
-        "--temperature", type=float, default=0.5, help="sampling temperature (RAGEN-2 eval: 0.5; 0 = greedy)"
+        "--temperature",
+        type=float,
+        default=EVAL_TEMPERATURE,
+        help=f"sampling temperature (RAGEN-2 eval: {EVAL_TEMPERATURE}; 0 = greedy)",
     )
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=400, help="tokens per reply (RAGEN: 400)")
+    p.add_argument("--top-p", type=float, default=EVAL_TOP_P)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=MAX_NEW_TOKENS,
+        help=f"tokens per reply (RAGEN: {MAX_NEW_TOKENS})",
+    )
     p.add_argument(
         "--history-window",
         type=int,
@@ -290,38 +319,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=32, help="episodes played together (one generate per turn)"
     )
     p.add_argument("--concurrency", type=int, default=16, help="parallel requests with --endpoint")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request with --endpoint")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="total seconds per HTTP request with --endpoint (connect to last byte; retried up to 3 times)",
+    )
     p.add_argument("--device", help="torch device for a local model (default: cuda if available, else cpu)")
     p.add_argument(
         "--dtype", default="auto", help="torch dtype for a local model (auto, float32, bfloat16, ...)"
     )
     p.add_argument("--seed", type=int, default=0, help="torch sampling seed for a local model")
-    p.add_argument("--output-dir", default="llmgym_eval", help="where episodes.jsonl and summary.json go")
+    p.add_argument(
+        "--output-dir", "-o", default="llmgym_eval", help="where episodes.jsonl and summary.json go"
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="skip episodes already in episodes.jsonl")
     g.add_argument("--overwrite", action="store_true", help="replace an existing episodes.jsonl")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    return snake_case_options(p)
 
 
 def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[int]]:
     if a.history_window is not None and a.history_window < 1:
-        raise ValueError(f"--history-window must be >= 1, got {a.history_window}")
+        raise ValueError(f"--history_window must be >= 1, got {a.history_window}")
     if a.num_seeds < 1 or a.samples_per_seed < 1 or a.batch_size < 1 or a.seed_start < 0:
         raise ValueError(
-            "--num-seeds, --samples-per-seed and --batch-size must be >= 1 and --seed-start >= 0"
+            "--num_seeds, --samples_per_seed and --batch_size must be >= 1 and --seed_start >= 0"
         )
     try:
         env_kwargs = json.loads(a.env_kwargs)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--env-kwargs is not valid JSON: {e}") from None
+        raise ValueError(f"--env_kwargs is not valid JSON: {e}") from None
     if not isinstance(env_kwargs, dict):
-        raise ValueError("--env-kwargs must be a JSON object")
+        raise ValueError("--env_kwargs must be a JSON object")
     env_ids = list(dict.fromkeys(resolve_env_id(e) for e in a.env))
     ks = sorted(set(a.k or [1, a.samples_per_seed]))
     if any(k < 1 or k > a.samples_per_seed for k in ks):
         raise ValueError(
-            f"--k values must be between 1 and --samples-per-seed ({a.samples_per_seed}), got {ks}"
+            f"--k values must be between 1 and --samples_per_seed ({a.samples_per_seed}), got {ks}"
         )
     return env_ids, env_kwargs, ks
 
@@ -382,9 +418,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ks=ks,
             progress=not args.no_progress,
         )
-    except ValueError as e:  # includes ModelError and EndpointError
+    except (
+        ValueError
+    ) as e:  # bad arguments, and a model (ModelError) or endpoint (EndpointError) that cannot serve
         print(f"llmgym-eval: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"llmgym-eval: error: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
+    for env_id, per in result["per_env"].items():  # chance and the optimum on the same seeds and limits
+        per["baseline"] = baseline_success(env_id, seeds, env_kwargs, samples=args.samples_per_seed)
     summary = {
         **fingerprint,
         "envs": result["per_env"],
@@ -401,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(format_table(result["per_env"]))
     print(f"episodes: {episodes}  summary: {out_dir / SUMMARY_FILE}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 Layout: one row per trajectory, ``T`` completion positions; ``mask[b, t] = 1`` marks a model (policy) token and
 ``0`` marks environment tokens (observations, chat template) and padding. Environment tokens are *transparent*:
 GAE runs over the model tokens of a row as if they were consecutive, so the turn boundary is simply the next
-model token (RAGEN's token-level GAE with gamma = lambda = 1 by default). Values and advantages at non-model
+model token (RAGEN's token-level GAE, RAGEN ``ragen/trainer/core_algos.py``, with gamma = lambda = 1 by default). Values and advantages at non-model
 positions are 0.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -141,4 +143,62 @@ def clipped_value_loss(
     return 0.5 * (loss * m).sum() / m.sum().clamp(min=1.0)
 
 
-__all__ = ["clipped_value_loss", "gae", "last_token_rewards", "masked_whiten"]
+@dataclass(frozen=True)
+class PPOTargets:
+    """What PPO trains on for one batch: all (B, T) float tensors, 0 outside ``mask``."""
+
+    advantages: torch.Tensor  # GAE advantages (whitened if asked)
+    returns: torch.Tensor  # value targets
+    values: torch.Tensor  # rollout-time values V_old
+    mask: torch.Tensor  # model tokens of scorable rows: where the value loss applies
+
+    def metrics(self) -> dict[str, float]:
+        """Mean value, mean return and the critic's explained variance over ``mask`` (empty if no token)."""
+        m = self.mask.bool()
+        if not m.any():
+            return {}
+        values, returns = self.values[m], self.returns[m]
+        out = {"value_mean": values.mean().item(), "return_mean": returns.mean().item()}
+        var_r = returns.var(unbiased=False)
+        if var_r > 1e-8:  # undefined when every return is the same
+            out["explained_variance"] = (1.0 - (returns - values).var(unbiased=False) / var_r).item()
+        return out
+
+
+@torch.no_grad()
+def ppo_targets(
+    scores: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> PPOTargets:
+    """Advantages and value targets of a batch of trajectories from their episode scores.
+
+    The score goes on the last model token (:func:`last_token_rewards`), GAE runs over model tokens
+    (:func:`gae`) and the advantages are whitened over all model tokens of the batch (:func:`masked_whiten`).
+    A NaN score marks an unscorable sample (every reward function returned ``None``): its row leaves the mask,
+    so it gets no advantage and no value loss, as TRL gives it no advantage in GRPO.
+
+    Args:
+        scores: (B,) episode reward per row (NaN = unscorable).
+        values: (B, T) rollout-time value estimates.
+        mask: (B, T) 1 on model tokens (the loss mask), 0 elsewhere.
+    """
+    _check_shapes(values=values, mask=mask)
+    scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1).to(mask.device)
+    if scores.numel() != mask.size(0):
+        raise ValueError(f"got {scores.numel()} scores for {mask.size(0)} rows")
+    scorable = ~torch.isnan(scores)
+    mask = mask * scorable.unsqueeze(1).to(mask.dtype)
+    values = values.float() * mask
+    rewards = last_token_rewards(torch.nan_to_num(scores, nan=0.0), mask)
+    advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return PPOTargets(advantages=advantages, returns=returns, values=values, mask=mask.float())
+
+
+__all__ = ["PPOTargets", "clipped_value_loss", "gae", "last_token_rewards", "masked_whiten", "ppo_targets"]

@@ -1,20 +1,33 @@
 """``LLMGymGRPOTrainer``: TRL's ``GRPOTrainer`` driven by multi-turn environment rollouts.
 
-Thin by design: every override wraps ``super()``. The pieces it wires in live elsewhere: the rollouts
-(``trainer.rollouts``), the SNR filter and MI metrics (``trainer.callbacks``), the config (``trainer.config``).
+The trainer only wires; the pieces live elsewhere: the rollouts (:mod:`llm_gym.trainer.rollouts`), the reward
+reduction and row operations (:mod:`llm_gym.trainer.batch`), the SNR filter and MI metrics
+(:mod:`llm_gym.trainer.signals` over the pure :mod:`~llm_gym.trainer.snr_filter` and
+:mod:`~llm_gym.trainer.mutual_info`), the callbacks (:mod:`llm_gym.trainer.callbacks`) and the config
+(:mod:`llm_gym.trainer.config`).
+
+Per training generation round, after TRL generated and scored the batch:
+
+1. ``env/*`` metrics are logged and the episode records written;
+2. the per-function rewards are reduced once to one episode reward per sample (:func:`batch.episode_rewards`,
+   NaN for an unscorable sample, as TRL treats it);
+3. the :meth:`LLMGymGRPOTrainer.compute_advantages` hook may replace the advantages (PPO does);
+4. the signal glue logs MI metrics and applies the SNR filter.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from llm_gym.trainer.callbacks import after_scoring, make_signal_callbacks
+from llm_gym.trainer.batch import episode_rewards
+from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.rollouts import EnvRolloutFunc, env_reward, seed_dataset
-from transformers import TrainerCallback
+from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
+from llm_gym.trainer.signals import SignalState, after_scoring
 from trl import GRPOTrainer
 
 #: Per-episode metrics logged under ``env/`` (means over all processes' episodes of a generation round).
@@ -44,34 +57,22 @@ def eval_seeds(args: LLMGymGRPOConfig) -> list[int]:
     return [args.eval_seed + i for i in range(args.num_eval_seeds)]
 
 
-class EnvProgressCallback(TrainerCallback):
-    """Show the latest reward and success rate on the training progress bar."""
-
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or not state.is_world_process_zero:
-            return
-        for cb in self.trainer.callback_handler.callbacks:
-            bar = getattr(cb, "training_bar", None)
-            if bar is not None:
-                post = {}
-                if "reward" in logs:
-                    post["reward"] = f"{logs['reward']:.3f}"
-                if logs.get("env/success") is not None:
-                    post["success"] = f"{logs['env/success']:.2f}"
-                if post:
-                    bar.set_postfix(post, refresh=False)
-
-
 class LLMGymGRPOTrainer(GRPOTrainer):
     """GRPO on llm-gym environments with multi-turn rollouts and group sampling.
 
     Builds what the user did not pass: the seed datasets (training: RAGEN seeding; evaluation: fixed seeds),
-    the environment reward function and the ``rollout_func``. After each generation round it logs ``env/*``
-    metrics, writes episode records, stashes the per-sample extras as ``self._last_rollout`` and hands the
-    scored batch to ``trainer.callbacks.after_scoring`` (SNR filter, MI metrics).
+    the environment reward function and the ``rollout_func``.
+
+    Public surface (what callbacks, the signal glue and subclasses use; nothing else reads its internals):
+
+    - :attr:`last_rollout`: the latest round's :class:`~llm_gym.trainer.rollouts.RolloutInfo` (or None);
+    - :attr:`signal_state`: the SNR filter / MI bookkeeping (:class:`~llm_gym.trainer.signals.SignalState`);
+    - :meth:`log_metric` / :meth:`drop_last_metrics`: TRL's per-round metrics, logged at the next ``on_log``;
+    - :meth:`sequence_logps`: per-token log-probs of full sequences under the current policy.
+
+    Hook for algorithms (override in a subclass; :class:`llm_gym.trainer.ppo.LLMGymPPOTrainer` does):
+
+    - :meth:`compute_advantages`: replace the advantages of a scored training batch.
     """
 
     def __init__(
@@ -106,17 +107,63 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             **kwargs,
         )
-        self._last_rollout: dict[str, list] = {}
-        self._last_records: list = []
+        self._round_rewards_per_func: torch.Tensor | None = None
         self._generation_rounds = 0
-        self.add_callback(EnvProgressCallback(self))
-        for cb in make_signal_callbacks(self):
+        #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
+        self.signal_state = SignalState.for_process(args.seed, self.accelerator.process_index)
+        self.add_callback(EnvProgressCallback(self.callback_handler))
+        for cb in make_signal_callbacks(
+            args, self.signal_state, self, deepspeed=bool(getattr(self, "is_deepspeed_enabled", False))
+        ):
             self.add_callback(cb)
 
-    # ------------------------------------------------------------------------------------------ overrides
+    # ------------------------------------------------------------------------------------------ public surface
+    @property
+    def last_rollout(self) -> RolloutInfo | None:
+        """Per-sample extras of the latest generation round on this process (None with a ``rollout_func``
+        that keeps none)."""
+        return getattr(self.rollout_func, "last", None)
+
+    def log_metric(self, name: str, value: float, mode: str | None = None) -> None:
+        """Append ``value`` to metric ``name``; TRL logs the mean at the next log step. ``mode`` defaults to
+        ``"train"`` while the model trains, else ``"eval"``."""
+        mode = mode or ("train" if self.model.training else "eval")
+        self._metrics[mode][name].append(float(value))
+
+    def drop_last_metrics(self, names: Iterable[str], count: int, mode: str = "train") -> None:
+        """Forget the last ``count`` values of each metric in ``names`` (e.g. loss metrics of a skipped update)."""
+        for name in names:
+            values = self._metrics[mode].get(name)
+            if values:
+                del values[-count:]
+
+    def sequence_logps(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int
+    ) -> torch.Tensor:
+        """(B, logits_to_keep) log-probs of the last ``logits_to_keep`` tokens of each row, in one forward."""
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, input_ids, attention_mask, logits_to_keep, batch_size=input_ids.shape[0]
+        )
+        return logps
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def compute_advantages(self, batch: dict, rewards: torch.Tensor) -> dict:
+        """Hook: called once per training round after TRL scored ``batch`` and before the SNR filter.
+
+        Args:
+            batch: TRL's scored batch for this process (``advantages`` holds TRL's group advantages).
+            rewards: (B,) episode reward of each row of ``batch`` (NaN for an unscorable sample).
+
+        Returns the batch the loss will see. The default keeps TRL's advantages. An override may replace
+        ``advantages`` (shape (B,) or token-level (B, T)) and add per-row tensors (first dimension B): the SNR
+        filter keeps or drops them with their rows.
+        """
+        return batch
+
+    # ------------------------------------------------------------------------------------------ TRL overrides
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._last_rewards_per_func = rewards_per_func
+        self._round_rewards_per_func = rewards_per_func  # gathered over processes, in rank order
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -124,29 +171,34 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         self._log_env_metrics(mode)
         self._save_records(mode)
-        if mode == "train":
-            self._generation_rounds += 1
-            out = after_scoring(self, out)
-        return out
+        if mode != "train":
+            return out
+        self._generation_rounds += 1
+        rewards = episode_rewards(self._round_rewards_per_func, self.reward_weights)
+        n = out["prompt_ids"].size(0)
+        start = self.accelerator.process_index * n
+        out = self.compute_advantages(out, rewards[start : start + n].to(self.accelerator.device))
+        return after_scoring(self, out, rewards.detach().cpu().double().numpy(), self.signal_state)
 
-    # ------------------------------------------------------------------------------------------- helpers
+    # ------------------------------------------------------------------------------------------ helpers
     def _gather_mean(self, values: list[float]) -> float:
         t = torch.tensor([float(v) for v in values], dtype=torch.float32, device=self.accelerator.device)
         g = self.accelerator.gather(t)
         return float(g.mean().item()) if g.numel() else float("nan")
 
     def _log_env_metrics(self, mode: str) -> None:
-        roll = self._last_rollout
-        if not roll:
+        roll = self.last_rollout
+        if roll is None:
             return
         for name in ENV_METRICS:
-            self._metrics[mode][f"env/{name}"].append(self._gather_mean(roll[name]))
-        budget = [float(r == "budget") for r in roll.get("stop_reason", [])]
-        self._metrics[mode]["env/budget_stop_rate"].append(self._gather_mean(budget))
+            self.log_metric(f"env/{name}", self._gather_mean(getattr(roll, name)), mode)
+        budget = [float(r == "budget") for r in roll.stop_reason]
+        self.log_metric("env/budget_stop_rate", self._gather_mean(budget), mode)
 
     def _save_records(self, mode: str) -> None:
         name = self.args.episode_records
-        if not name or not self._last_records:
+        roll = self.last_rollout
+        if not name or roll is None or not roll.records:
             return
         if mode == "train" and self._generation_rounds % self.args.records_every != 0:
             return
@@ -154,7 +206,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
         from llm_gym.agent.records import write_records
 
-        records = self._last_records
+        records = roll.records
         if self.accelerator.num_processes > 1:
             records = gather_object(records)
         if self.accelerator.is_main_process:

@@ -1,21 +1,24 @@
-"""``LLMGymPPOTrainer``: PPO with a critic on top of the GRPO trainer (TRL removed its own PPOTrainer in 1.13).
+"""``LLMGymPPOTrainer``: PPO with a critic, plugged into the GRPO trainer's ``compute_advantages`` hook.
 
-Design (reference ``trl.md`` §3):
+TRL removed its own ``PPOTrainer`` in 1.13; this one is a subclass of
+:class:`llm_gym.trainer.grpo.LLMGymGRPOTrainer` that overrides its documented hook and Trainer's usual ones:
 
 - a value head ``v_head = Linear(hidden, 1)`` is attached to the policy's causal-LM module, so the Trainer's
-  optimizer, DDP and checkpoints see it; it gets its own optimizer parameter group with ``value_lr``;
+  optimizer, DDP and checkpoints see it; it gets its own optimizer parameter group with ``value_lr``
+  (:meth:`create_optimizer`);
 - a forward hook on the backbone turns the last hidden state into values during the loss forward TRL already
   runs (no extra forward in the loss); one no-grad forward per generation round gives the rollout-time values;
-- the episode reward goes on the last model token, GAE (:mod:`trainer.gae`) runs over model tokens only
-  (environment tokens are transparent), and the whitened (B, T) advantages replace TRL's group advantages;
-  TRL's clipped surrogate, ``loss_type``, ``epsilon``/``epsilon_high``, ``num_iterations`` and KL all apply;
-- the clipped value loss times ``vf_coef`` is added to TRL's loss in :meth:`compute_loss`;
+- :meth:`compute_advantages` (the hook, called before the SNR filter) puts the episode reward on the last model
+  token, runs GAE over model tokens only (environment tokens are transparent) and replaces TRL's group
+  advantages with the whitened (B, T) ones (pure math: :func:`llm_gym.trainer.gae.ppo_targets`); the per-row
+  value targets travel with their rows through the filter. TRL's clipped surrogate, ``loss_type``,
+  ``epsilon``/``epsilon_high``, ``num_iterations`` and KL all apply;
+- :meth:`compute_loss` adds the clipped value loss times ``vf_coef`` to TRL's loss;
 - the value head is saved as ``value_head.safetensors`` next to the weights (and kept out of
   ``save_pretrained``'s output), and restored on ``resume_from_checkpoint``;
 - with PEFT the hook goes on the base model's backbone and the value head stays trainable.
 
-The PPO scoring sits in :class:`_PPOScoring`, placed *between* ``LLMGymGRPOTrainer`` and TRL's ``GRPOTrainer``
-in the MRO, so the per-row PPO tensors exist before the SNR filter runs and are dropped or kept with their rows.
+The PPO loss follows Schulman et al. 2017 (arXiv:1707.06347), GAE Schulman et al. 2016 (arXiv:1506.02438).
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten
+from llm_gym.trainer.batch import loss_mask
+from llm_gym.trainer.gae import clipped_value_loss, ppo_targets
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer
 from torch import nn
-from trl import GRPOTrainer
 
 logger = logging.getLogger(__name__)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 #: Keys of the per-row tensors PPO adds to a scored generation batch.
-OLD_VALUES, RETURNS = "ppo_old_values", "ppo_returns"
+OLD_VALUES, RETURNS, VALUE_MASK = "ppo_old_values", "ppo_returns", "ppo_value_mask"
 
 
 def causal_lm(model: nn.Module) -> nn.Module:
@@ -79,12 +82,26 @@ def attach_value_head(model: nn.Module, init_std: float = 1e-3) -> nn.Linear:
     return head
 
 
-class _PPOScoring(GRPOTrainer):
-    """Adds rollout-time values, returns and GAE advantages to TRL's scored batch (training mode)."""
+class LLMGymPPOTrainer(LLMGymGRPOTrainer):
+    """PPO with a value head and GAE over model tokens, on llm-gym's multi-turn rollouts.
 
-    _v_head: nn.Linear
-    _value_buffer: list[torch.Tensor] | None = None
+    Accepts everything :class:`llm_gym.trainer.grpo.LLMGymGRPOTrainer` does; the critic settings come from the
+    config's PPO fields (``vf_coef``, ``value_lr``, ``value_clip``, ``gae_gamma``, ``gae_lambda``,
+    ``whiten_advantages``, ``value_head_init_std``, ``value_detach_backbone``).
+    """
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._value_buffer: list[torch.Tensor] | None = None
+        self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
+        backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+
+    @property
+    def value_head(self) -> nn.Linear:
+        """The critic's ``Linear(hidden, 1)`` head (also reachable as ``v_head`` on the causal LM)."""
+        return self._v_head
+
+    # ------------------------------------------------------------------------------------------ values
     def _value_hook(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._value_buffer is None:  # only while we ask for values (not in generate, ref or MI forwards)
             return
@@ -102,45 +119,6 @@ class _PPOScoring(GRPOTrainer):
         finally:
             self._value_buffer = None
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._ppo_rewards_per_func = rewards_per_func
-        return rewards_per_func
-
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return out
-        return self._add_ppo_targets(out)
-
-    @torch.no_grad()
-    def _add_ppo_targets(self, out: dict) -> dict:
-        device = self.accelerator.device
-        n = out["prompt_ids"].size(0)
-        weighted = self._ppo_rewards_per_func * self.reward_weights.to(device).unsqueeze(0)
-        scores = weighted.nansum(dim=1)
-        start = self.accelerator.process_index * n  # rewards were gathered over processes, in rank order
-        scores = scores[start : start + n]
-        mask = _loss_mask(out)
-        values = self._rollout_values(out) * mask
-        rewards = last_token_rewards(scores, mask)
-        advantages, returns = gae(rewards, values, mask, gamma=self.args.gae_gamma, lam=self.args.gae_lambda)
-        if self.args.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
-        out["advantages"] = advantages.to(device)  # (B, T): TRL's loss takes token-level advantages as is
-        out[OLD_VALUES] = values.float()
-        out[RETURNS] = returns.to(device)
-        m = mask.bool()
-        if m.any():
-            metrics = self._metrics["train"]
-            metrics["ppo/value_mean"].append(values[m].mean().item())
-            metrics["ppo/return_mean"].append(returns[m].mean().item())
-            var_r = returns[m].var(unbiased=False)
-            if var_r > 1e-8:  # undefined when every return is the same
-                explained = 1.0 - (returns[m] - values[m]).var(unbiased=False) / var_r
-                metrics["ppo/explained_variance"].append(explained.item())
-        return out
-
     def _rollout_values(self, out: dict) -> torch.Tensor:
         """V(s_t) for every completion position from one no-grad forward (chunked like TRL's old log-probs)."""
         P, C = out["prompt_ids"].size(1), out["completion_ids"].size(1)
@@ -152,19 +130,32 @@ class _PPOScoring(GRPOTrainer):
             )
         return _completion_values(buf, P, C).float()
 
+    # ------------------------------------------------------------------------------------------ the hook
+    @torch.no_grad()
+    def compute_advantages(self, batch: dict, rewards: torch.Tensor) -> dict:
+        """GAE advantages from rollout-time values (the GRPO trainer's documented hook).
 
-class LLMGymPPOTrainer(LLMGymGRPOTrainer, _PPOScoring):
-    """PPO with a value head and GAE over model tokens, on llm-gym's multi-turn rollouts.
-
-    Accepts everything :class:`trainer.grpo.LLMGymGRPOTrainer` does; the critic settings come from the config's
-    PPO fields (``vf_coef``, ``value_lr``, ``value_clip``, ``gae_gamma``, ``gae_lambda``, ``whiten_advantages``,
-    ``value_head_init_std``, ``value_detach_backbone``).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
-        backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+        Adds the per-row value targets (``ppo_old_values``, ``ppo_returns``, ``ppo_value_mask``) so the SNR
+        filter keeps them with their rows. An unscorable sample (NaN reward) gets no advantage and no value
+        loss: it has no reward to learn from.
+        """
+        values = self._rollout_values(batch)
+        targets = ppo_targets(
+            rewards,
+            values,
+            loss_mask(batch),
+            gamma=self.args.gae_gamma,
+            lam=self.args.gae_lambda,
+            whiten=self.args.whiten_advantages,
+        )
+        device = self.accelerator.device
+        batch["advantages"] = targets.advantages.to(device)  # (B, T): TRL's loss takes token-level advantages
+        batch[OLD_VALUES] = targets.values
+        batch[RETURNS] = targets.returns.to(device)
+        batch[VALUE_MASK] = targets.mask
+        for name, value in targets.metrics().items():
+            self.log_metric(f"ppo/{name}", value, "train")
+        return batch
 
     # ------------------------------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -174,7 +165,9 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer, _PPOScoring):
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         P, C = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
         values = _completion_values(buf, P, C).float()
-        mask = _loss_mask(inputs)
+        mask = loss_mask(inputs)  # padding rows added by the SNR filter have none
+        if inputs.get(VALUE_MASK) is not None:  # unscorable rows have no value target
+            mask = mask * inputs[VALUE_MASK]
         vf_loss = clipped_value_loss(
             values, inputs[OLD_VALUES], inputs[RETURNS], mask, clip=self.args.value_clip or None
         )
@@ -184,8 +177,8 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer, _PPOScoring):
             m = mask.bool()
             if self.args.value_clip and m.any():
                 clipped = ((values - inputs[OLD_VALUES]).abs() > self.args.value_clip)[m].float().mean()
-                self._metrics[mode]["ppo/value_clipfrac"].append(clipped.item())
-        self._metrics[mode]["ppo/value_loss"].append(vf_loss.item())
+                self.log_metric("ppo/value_clipfrac", clipped.item(), mode)
+        self.log_metric("ppo/value_loss", vf_loss.item(), mode)
         return loss + self.args.vf_coef * vf_loss.to(loss.dtype) / ga
 
     # ------------------------------------------------------------------------------------------ optimizer
@@ -246,13 +239,6 @@ def load_value_head(head: nn.Linear, folder: str) -> bool:
                 )
             param.copy_(tensors[name].to(param.device, param.dtype))
     return True
-
-
-def _loss_mask(batch: dict) -> torch.Tensor:
-    mask = batch["completion_mask"]
-    if "tool_mask" in batch:
-        mask = mask * batch["tool_mask"]
-    return mask
 
 
 def _completion_values(buf: list[torch.Tensor], P: int, C: int) -> torch.Tensor:

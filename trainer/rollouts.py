@@ -27,7 +27,8 @@ from typing import Any
 
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
-from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+from llm_gym.agent.rollout import MAX_TURNS_GUARD
+from llm_gym.registration import make_env
 
 #: ``(contexts, max_new_tokens per row) -> (new token ids per row, sampler log-probs per row)``.
 GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[list[float]]]]
@@ -185,6 +186,7 @@ def play_token_episodes(
     meta: dict | None = None,
     group_size: int = 1,
     first_index: int = 0,
+    group_dynamics: str = "shared",
 ) -> list[TokenEpisode]:
     """Play one episode per entry of ``seeds`` with token-level bookkeeping, batching every turn.
 
@@ -195,8 +197,13 @@ def play_token_episodes(
         lockstep: maps this process's number of active rows to the maximum over processes (``None`` = one
             process); ranks with fewer rows pad with dummy rows so every rank calls ``generate`` equally often.
         group_size, first_index: used to record each sample's position in its group (``meta``).
+        group_dynamics: ``"independent"``: each group member resets with ``options={"dynamics_seed": its index in
+            the group}``, so members start identically but draw their own transitions (RAGEN); ``"shared"``: the
+            members' transitions are identical too.
     """
     chat = chat or ChatFormat()
+    if group_dynamics not in ("independent", "shared"):
+        raise ValueError(f"group_dynamics must be 'independent' or 'shared', got {group_dynamics!r}")
     if chat.history_window is not None:
         raise ValueError("token-level rollouts train on the full history; history_window must be None")
     if max_completion_length < 2:
@@ -207,15 +214,18 @@ def play_token_episodes(
     try:
         for i, seed in enumerate(seeds):
             env = make_env(env_id, env_kwargs)
-            obs, _ = env.reset(seed=int(seed))
+            member = (first_index + i) % group_size
+            options = {"dynamics_seed": member} if group_dynamics == "independent" else None
+            obs, _ = env.reset(seed=int(seed), options=options)
             conv = Conversation(env, chat)
             conv.add_observation(obs)
-            rec = EpisodeRecord(
-                env_id=env_id,
-                seed=int(seed),
-                initial_observation=obs,
+            rec = EpisodeRecord.from_reset(
+                env,
+                env_id,
+                int(seed),
+                obs,
                 env_kwargs=env_kwargs,
-                instructions=getattr(env.unwrapped, "instructions", ""),
+                reset_options=options,
                 meta={**(meta or {}), "group_index": (first_index + i) % group_size},
             )
             episodes.append(TokenEpisode(env, conv, int(seed), template.prompt_ids(conv.messages()), rec))
@@ -263,7 +273,11 @@ def _finish_turn(
     e.turn_spans.append([start, len(e.completion_ids)])
     if not ids or ids[-1] != template.end_of_turn_id:
         e.add([template.end_of_turn_id], 0)  # close the turn ourselves: not sampled, so no loss on it
-    text = template.tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+    # The env judges exactly the text of the sampled tokens, and the record holds it: only the stop token that
+    # ends the reply is left out. Other special tokens stay as text, so "<answer>Le<|im_start|>ft</answer>" is
+    # not a valid "Left" (skipping them would score text the model never produced).
+    reply = ids[:-1] if ids and ids[-1] in stop else ids
+    text = template.tokenizer.decode(reply, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     obs, reward, terminated, truncated, info = e.env.step(text)
     e.conv.add_reply(text)
     e.record.turns.append(TurnRecord.from_step(text, obs, reward, terminated, truncated, info))
@@ -357,14 +371,16 @@ class EnvRolloutFunc:
     """``rollout_func`` for ``GRPOTrainer``: seed prompts in, multi-turn token trajectories out.
 
     Returns ``prompt_ids``, ``completion_ids``, ``logprobs``, ``env_mask`` and the extra fields ``env_reward``,
-    ``env_success`` and ``env_turns`` (forwarded by TRL to the reward functions). The per-sample extras the other
-    trainer parts need (``turn_spans``, ``seed``, ``group_index``, ...) are stashed as ``trainer._last_rollout``
-    and the episode records as ``trainer._last_records``.
+    ``env_success`` and ``env_turns`` (forwarded by TRL to the reward functions). The per-sample extras of the
+    latest call (turn spans, seeds, group indices, episode records, ...) are kept in :attr:`last`, which the
+    trainer exposes as ``last_rollout``.
     """
 
     def __init__(self, args: Any, tokenizer: Any):
         self.args = args
         self.template = ChatTemplateTokens(tokenizer)
+        #: The :class:`RolloutInfo` of the latest call (None before the first).
+        self.last: RolloutInfo | None = None
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         import torch
@@ -387,6 +403,7 @@ class EnvRolloutFunc:
             meta=meta,
             group_size=group_size,
             first_index=first_index,
+            group_dynamics=getattr(args, "group_dynamics", "independent"),
         )
         if getattr(trainer, "use_vllm", False):
             vllm = trainer.vllm_generation
@@ -424,16 +441,15 @@ class EnvRolloutFunc:
                     model, self.template.tokenizer, gen_cfg, self.template.stop_ids, accelerator.device
                 )
                 episodes = play_token_episodes(args.env, seeds, gen, self.template, **kwargs)
-        return rollout_output(episodes, trainer, sampler_logprobs=bool(getattr(trainer, "use_vllm", False)))
+        self.last = RolloutInfo.from_episodes(episodes)
+        return rollout_output(episodes, sampler_logprobs=bool(getattr(trainer, "use_vllm", False)))
 
 
-def rollout_output(
-    episodes: list[TokenEpisode], trainer: Any | None = None, *, sampler_logprobs: bool = True
-) -> dict[str, Any]:
-    """The ``rollout_func`` dict for ``episodes``; also stashes ``_last_rollout`` / ``_last_records`` on
-    ``trainer`` when given. ``sampler_logprobs=False`` returns ``logprobs=None`` (the HF ``generate`` backend has
-    none, and placeholder zeros would mislead TRL options that read them, such as the off-policy mask)."""
-    out = {
+def rollout_output(episodes: list[TokenEpisode], *, sampler_logprobs: bool = True) -> dict[str, Any]:
+    """The ``rollout_func`` dict for ``episodes``. ``sampler_logprobs=False`` returns ``logprobs=None`` (the HF
+    ``generate`` backend has none, and placeholder zeros would mislead TRL options that read them, such as the
+    off-policy mask)."""
+    return {
         "prompt_ids": [e.prompt_ids for e in episodes],
         "completion_ids": [e.completion_ids for e in episodes],
         "logprobs": [e.logprobs for e in episodes] if sampler_logprobs else None,
@@ -442,20 +458,39 @@ def rollout_output(
         "env_success": [float(e.success) for e in episodes],
         "env_turns": [len(e.record.turns) for e in episodes],
     }
-    if trainer is not None:
-        trainer._last_rollout = {
-            "turn_spans": [e.turn_spans for e in episodes],
-            "episode_reward": out["env_reward"],
-            "success": [e.success for e in episodes],
-            "seed": [e.seed for e in episodes],
-            "group_index": [e.record.meta.get("group_index", 0) for e in episodes],
-            "turns": out["env_turns"],
-            "valid_action_rate": [_rate(e, "action_is_valid") for e in episodes],
-            "effective_action_rate": [_rate(e, "action_is_effective") for e in episodes],
-            "stop_reason": [e.stop_reason for e in episodes],
-        }
-        trainer._last_records = [e.record for e in episodes]
-    return out
+
+
+@dataclass(frozen=True)
+class RolloutInfo:
+    """Per-sample extras of one generation round that TRL's ``rollout_func`` contract has no room for, in row
+    order of this process: the trainer logs ``env/*`` metrics and writes records from them, and the MI metrics
+    read each turn's token span."""
+
+    turn_spans: list[list[list[int]]]
+    episode_reward: list[float]
+    success: list[bool]
+    seed: list[int]
+    group_index: list[int]
+    turns: list[int]
+    valid_action_rate: list[float]
+    effective_action_rate: list[float]
+    stop_reason: list[str]
+    records: list[EpisodeRecord]
+
+    @classmethod
+    def from_episodes(cls, episodes: Sequence[TokenEpisode]) -> RolloutInfo:
+        return cls(
+            turn_spans=[e.turn_spans for e in episodes],
+            episode_reward=[e.episode_reward for e in episodes],
+            success=[e.success for e in episodes],
+            seed=[e.seed for e in episodes],
+            group_index=[e.record.meta.get("group_index", 0) for e in episodes],
+            turns=[len(e.record.turns) for e in episodes],
+            valid_action_rate=[_rate(e, "action_is_valid") for e in episodes],
+            effective_action_rate=[_rate(e, "action_is_effective") for e in episodes],
+            stop_reason=[e.stop_reason for e in episodes],
+            records=[e.record for e in episodes],
+        )
 
 
 def _rate(e: TokenEpisode, key: str) -> float:

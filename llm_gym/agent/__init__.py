@@ -2,7 +2,8 @@
 
 from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat, Conversation, system_message, turn_text
 from llm_gym.agent.records import EpisodeRecord, TurnRecord, read_records, write_records
-from llm_gym.agent.rollout import Policy, episode_metrics, group_seeds, make_env, rollout
+from llm_gym.agent.rollout import Policy, episode_metrics, group_seeds, rollout
+from llm_gym.registration import make_env
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",

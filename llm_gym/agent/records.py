@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,34 @@ class EpisodeRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
 
+    @classmethod
+    def from_reset(
+        cls,
+        env: Any,
+        env_id: str,
+        seed: int | None,
+        observation: str,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        reset_options: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> EpisodeRecord:
+        """The record of an episode just started by ``env.reset(seed=seed, options=reset_options)``.
+
+        The one place records are begun (agent rollouts, trainer rollouts, play, replay), so they all store the
+        same things: ``env_kwargs`` without ``render_mode`` (how the episode was shown is not part of it), the
+        env's ``instructions``, and copies of the mappings. Append turns with :meth:`TurnRecord.from_step`.
+        """
+        return cls(
+            env_id=env_id,
+            seed=None if seed is None else int(seed),
+            initial_observation=observation,
+            env_kwargs={k: v for k, v in dict(env_kwargs or {}).items() if k != "render_mode"},
+            reset_options=None if reset_options is None else dict(reset_options),
+            instructions=getattr(env.unwrapped, "instructions", ""),
+            meta=dict(meta or {}),
+        )
+
     @property
     def total_reward(self) -> float:
         return float(sum(t.reward for t in self.turns))
@@ -94,27 +122,148 @@ class EpisodeRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EpisodeRecord:
-        if not isinstance(d, dict) or "env_id" not in d:
-            raise ValueError("not an episode record: expected an object with an 'env_id' key")
-        version = d.get("version", FORMAT_VERSION)
-        if version > FORMAT_VERSION:
-            raise ValueError(
-                f"episode record version {version} is newer than this llm-gym ({FORMAT_VERSION})"
-            )
-        # Unknown keys (from newer writers) are ignored so old readers still load the record.
-        turn_keys = {f.name for f in fields(TurnRecord)}
-        turns = [TurnRecord(**{k: v for k, v in t.items() if k in turn_keys}) for t in d.get("turns", [])]
-        known = {
-            "env_id",
-            "seed",
-            "initial_observation",
-            "env_kwargs",
-            "reset_options",
-            "instructions",
-            "meta",
-        }
-        return cls(turns=turns, version=version, **{k: d[k] for k in known if k in d})
+    def from_dict(cls, d: Any) -> EpisodeRecord:
+        """The record in a decoded JSON object, checked field by field (records are untrusted input).
+
+        Raises:
+            RecordError: (a ``ValueError``) ``bad episode record: <what is wrong>``.
+        """
+        return cls(**_checked_fields(d))
+
+
+class RecordError(ValueError):
+    """A malformed episode record; ``reason`` says what is wrong (without the ``bad episode record`` prefix)."""
+
+    def __init__(self, reason: str, where: str = "", source: str = ""):
+        super().__init__(
+            f"{f'{source}: ' if source else ''}bad episode record{f' {where}' if where else ''}: {reason}"
+        )
+        self.reason = reason
+
+
+#: Non-finite floats as :func:`to_jsonable` writes them.
+_NONFINITE = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "infinity": math.inf,
+    "-infinity": -math.inf,
+}
+#: Seeds are what ``numpy.random.default_rng`` takes without cost surprises: ``0 <= seed < 2**64``.
+SEED_LIMIT = 2**64
+ENV_ID_MAX_LENGTH = 200
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, str) and value.strip().lower() in _NONFINITE:
+        return _NONFINITE[value.strip().lower()]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(f"{what} must be a number, got {_short_repr(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        raise RecordError(f"{what} is out of range: {_short_repr(value)}") from None
+
+
+def _typed(d: dict, key: str, types: type | tuple[type, ...], what: str, default: Any = ...) -> Any:
+    if key not in d:
+        if default is ...:
+            raise RecordError(f"missing {what}")
+        return default() if callable(default) else default
+    value = d[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise RecordError(f"{what} must be {_type_names(types)}, got {_short_repr(value)}")
+    if not isinstance(value, types):
+        raise RecordError(f"{what} must be {_type_names(types)}, got {_short_repr(value)}")
+    return value
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    names = {str: "a string", dict: "an object", list: "a list", bool: "true or false", int: "an integer"}
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names.get(t, "null" if t is type(None) else t.__name__) for t in types)
+
+
+def _string_keys(value: dict, what: str) -> dict:
+    for k in value:
+        if not isinstance(k, str):
+            raise RecordError(f"{what} keys must be strings, got {_short_repr(k)}")
+    return value
+
+
+def _checked_turn(t: Any, i: int) -> TurnRecord:
+    what = f"turns[{i}]"
+    if not isinstance(t, dict):
+        raise RecordError(f"{what} must be an object, got {_short_repr(t)}")
+    actions = _typed(t, "actions", list, f"{what}.actions", list)
+    if not all(isinstance(a, str) for a in actions):
+        raise RecordError(f"{what}.actions must be a list of strings")
+    components = _string_keys(_typed(t, "reward_components", dict, f"{what}.reward_components", dict), what)
+    return TurnRecord(
+        response=_typed(t, "response", str, f"{what}.response"),
+        observation=_typed(t, "observation", str, f"{what}.observation"),
+        reward=_number(t["reward"], f"{what}.reward")
+        if "reward" in t
+        else _typed(t, "reward", str, f"{what}.reward"),
+        actions=list(actions),
+        reward_components={k: _number(v, f"{what}.reward_components[{k!r}]") for k, v in components.items()},
+        terminated=_typed(t, "terminated", bool, f"{what}.terminated", False),
+        truncated=_typed(t, "truncated", bool, f"{what}.truncated", False),
+        info=_string_keys(_typed(t, "info", dict, f"{what}.info", dict), f"{what}.info"),
+    )
+
+
+def _checked_fields(d: Any) -> dict[str, Any]:
+    """The constructor arguments of :class:`EpisodeRecord` from a decoded JSON object, or :class:`RecordError`.
+
+    Unknown keys (from newer writers) are ignored so old readers still load the record."""
+    if not isinstance(d, dict):
+        raise RecordError(f"expected a JSON object, got {type(d).__name__}")
+    if "env_id" not in d:
+        raise RecordError("expected an object with an 'env_id' key")
+    version = _typed(d, "version", int, "version", FORMAT_VERSION)
+    if version > FORMAT_VERSION:
+        raise RecordError(f"version {version} is newer than this llm-gym ({FORMAT_VERSION})")
+    if version < 1:
+        raise RecordError(f"version must be an integer >= 1, got {version}")
+    env_id = _typed(d, "env_id", str, "env_id")
+    if not env_id or len(env_id) > ENV_ID_MAX_LENGTH:
+        raise RecordError(f"env_id must be a non-empty string of at most {ENV_ID_MAX_LENGTH} characters")
+    seed = _typed(d, "seed", (int, type(None)), "seed")
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise RecordError(f"seed must be null or an integer in [0, 2**64), got {_short_repr(seed)}")
+    turns = _typed(d, "turns", list, "turns", list)
+    reset_options = _typed(d, "reset_options", (dict, type(None)), "reset_options", None)
+    return {
+        "env_id": env_id,
+        "seed": seed,
+        "initial_observation": _typed(d, "initial_observation", str, "initial_observation"),
+        "env_kwargs": dict(_string_keys(_typed(d, "env_kwargs", dict, "env_kwargs", dict), "env_kwargs")),
+        "reset_options": None
+        if reset_options is None
+        else dict(_string_keys(reset_options, "reset_options")),
+        "instructions": _typed(d, "instructions", str, "instructions", ""),
+        "turns": [_checked_turn(t, i) for i, t in enumerate(turns)],
+        "meta": dict(_string_keys(_typed(d, "meta", dict, "meta", dict), "meta")),
+        "version": version,
+    }
+
+
+def _json_line(record: EpisodeRecord) -> str:
+    """One JSONL line. Text is written as UTF-8; a record holding a lone surrogate (``"\\ud800"``, which UTF-8
+    cannot encode: it comes from JSON escapes in a server reply or data file) is written with ``\\uXXXX``
+    escapes instead, which JSON allows and which reads back to exactly the same strings."""
+    line = json.dumps(record.to_dict(), ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record.to_dict(), ensure_ascii=True)
+    return line + "\n"
 
 
 def write_records(path: str | Path, records: Iterable[EpisodeRecord], *, append: bool = True) -> int:
@@ -124,20 +273,39 @@ def write_records(path: str | Path, records: Iterable[EpisodeRecord], *, append:
     n = 0
     with path.open("a" if append else "w", encoding="utf-8") as f:
         for rec in records:
-            f.write(json.dumps(rec.to_dict(), ensure_ascii=False) + "\n")
+            f.write(_json_line(rec))
             n += 1
     return n
 
 
 def iter_records(path: str | Path) -> Iterator[EpisodeRecord]:
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    """The records of a JSONL file, one by one.
+
+    Raises ``ValueError`` ``<path>: bad episode record at line N: <why>`` for a line that is not valid UTF-8, not
+    JSON (or nested too deeply), or not a well-formed record (see :meth:`EpisodeRecord.from_dict`). A UTF-8 byte
+    order mark at the start of the file is skipped.
+    """
+    with Path(path).open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
                 continue
             try:
-                yield EpisodeRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: bad episode record: {e}") from None
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise RecordError(f"not valid UTF-8 (byte {e.start + 1} of the line)") from None
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise RecordError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+                except RecursionError:
+                    raise RecordError("JSON nested too deeply") from None
+                record = EpisodeRecord.from_dict(data)
+            except RecordError as e:
+                raise RecordError(e.reason, f"at line {lineno}", str(path)) from None
+            yield record
 
 
 def read_records(path: str | Path) -> list[EpisodeRecord]:

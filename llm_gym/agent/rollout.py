@@ -15,22 +15,13 @@ import numpy as np
 
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
+from llm_gym.registration import make_env
 
 #: A batch of chat message lists -> one response text each (same order, same length).
 Policy = Callable[[list[list[dict]]], list[str]]
 
 #: Hard stop for environments that never end by themselves (every llm-gym env truncates long before this).
 MAX_TURNS_GUARD = 1000
-
-
-def make_env(env_id: str, env_kwargs: dict | None = None) -> gym.Env:
-    """``gym.make`` with a clear error for unknown ids."""
-    import llm_gym  # noqa: F401  (registers the llmgym/ ids)
-
-    if env_id not in gym.registry:
-        known = ", ".join(sorted(k for k in gym.registry if k.startswith("llmgym/")))
-        raise ValueError(f"unknown environment id {env_id!r}; registered llm-gym ids: {known}")
-    return gym.make(env_id, **dict(env_kwargs or {}))
 
 
 def _validate_seeds(seeds: Sequence[int]) -> list[int]:
@@ -85,12 +76,12 @@ def rollout(
                 envs.append(env)
                 convs.append(conv)
                 records.append(
-                    EpisodeRecord(
-                        env_id=env_id,
-                        seed=seed,
-                        initial_observation=obs,
+                    EpisodeRecord.from_reset(
+                        env,
+                        env_id,
+                        seed,
+                        obs,
                         env_kwargs=env_kwargs,
-                        instructions=getattr(env.unwrapped, "instructions", ""),
                         meta={**(meta or {}), "group": p, "group_index": g},
                     )
                 )

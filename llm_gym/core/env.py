@@ -13,12 +13,22 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from llm_gym.core.parsing import ACTION_SEP, ParsedResponse, format_response, parse_response
+from llm_gym.core.parsing import (
+    ACTION_SEP,
+    ParsedResponse,
+    format_response,
+    parse_ragen_response,
+    parse_response,
+)
 from llm_gym.core.rewards import FORMAT_PENALTY, RewardSpec
 from llm_gym.core.spaces import AnyText, text_space
 
 #: Longest action string covered by ``action_space`` (``step`` accepts longer text too).
 ACTION_MAX_LENGTH = 16384
+#: ``parse_mode`` values: llm-gym's tolerant parser, or RAGEN's strict pattern with valid-subset execution.
+PARSE_MODES = ("llmgym", "ragen")
+#: Largest ``dynamics_seed`` reset option.
+DYNAMICS_SEED_MAX = 2**63 - 1
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -41,6 +51,17 @@ class TextEnv(gym.Env[str, str]):
         max_actions_per_turn: actions kept from one response (extra ones are dropped and counted in ``info``).
         max_actions: actions executed per episode; the episode is truncated when they are used up.
         think: require a ``<think>`` block before the answer (``False``: answer-only mode).
+        parse_mode: ``"llmgym"`` (default): tags matched case-insensitively with chatter allowed, and a turn
+            naming any invalid action executes nothing. ``"ragen"``: RAGEN's parsing
+            (:func:`~llm_gym.core.parsing.parse_ragen_response`: case-sensitive tags, only whitespace between
+            ``</think>`` and ``<answer>``) and RAGEN's execution (``ragen/llm_agent/es_manager.py``): the valid
+            actions of the answer run, the invalid ones are skipped, and the turn costs ``format_penalty`` if
+            any was invalid.
+
+    Reset options understood by every env: ``dynamics_seed`` (a non-negative integer). The start state is still
+    drawn from ``seed``; afterwards ``np_random`` is reseeded from ``(seed, dynamics_seed)``, so rollouts that
+    share ``seed`` start identically but draw their own transitions (FrozenLake slips, Bandit payouts), as
+    RAGEN's group members do. The same ``seed`` and ``options`` still give the same episode.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
@@ -68,6 +89,7 @@ class TextEnv(gym.Env[str, str]):
         max_actions_per_turn: int = 2,
         max_actions: int = 10,
         think: bool = True,
+        parse_mode: str = "llmgym",
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
@@ -78,7 +100,14 @@ class TextEnv(gym.Env[str, str]):
         self.max_turns = _positive_int("max_turns", max_turns)
         self.max_actions_per_turn = _positive_int("max_actions_per_turn", max_actions_per_turn)
         self.max_actions = _positive_int("max_actions", max_actions)
+        if not isinstance(think, (bool, np.bool_)):
+            # bool("false") is True: a string from a config or record must not silently mean "on".
+            raise ValueError(f"think must be True or False, got {think!r}")
         self.think = bool(think)
+        if parse_mode not in PARSE_MODES:
+            raise ValueError(f"parse_mode must be one of {PARSE_MODES}, got {parse_mode!r}")
+        self.parse_mode = parse_mode
+        self._reset_seed: int | None = None
         self.observation_space = self._make_observation_space()
         self.action_space = AnyText(ACTION_MAX_LENGTH)
         self._lookup = {n.lower(): n for n in self.action_names} if self.action_names else {}
@@ -94,6 +123,12 @@ class TextEnv(gym.Env[str, str]):
     def default_reward_spec(cls) -> RewardSpec:
         """The reward components and their default values for this environment class."""
         return cls.game_reward_spec.extend([FORMAT_PENALTY])
+
+    @property
+    def rules(self) -> str:
+        """The game rules and symbol legend alone, without the action list and answer format (front ends
+        that act through tool calls, such as :mod:`llm_gym.integrations.trl`, describe those themselves)."""
+        return self._rules().strip()
 
     @property
     def instructions(self) -> str:
@@ -146,18 +181,41 @@ class TextEnv(gym.Env[str, str]):
     def turns_left(self) -> int:
         return max(0, self.max_turns - self._turn)
 
+    @property
+    def reset_seed(self) -> int | None:
+        """The ``seed`` passed to the latest ``reset`` (``None`` when it continued the previous stream)."""
+        return self._reset_seed
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
+        options = dict(options or {})
+        dynamics_seed = options.pop("dynamics_seed", None)
+        if dynamics_seed is not None and (
+            isinstance(dynamics_seed, bool)
+            or not isinstance(dynamics_seed, (int, np.integer))
+            or not 0 <= dynamics_seed <= DYNAMICS_SEED_MAX
+        ):
+            raise ValueError(
+                f"options['dynamics_seed'] must be an integer in [0, 2**63), got {dynamics_seed!r:.40}"
+            )
+        self._reset_seed = None if seed is None else int(seed)
         self._turn = 0
         self._actions_used = 0
         self._episode_over = False
         self._ended = (False, False)
-        extra = self._reset_game(dict(options or {})) or {}
+        extra = self._reset_game(options) or {}
+        if dynamics_seed is not None:
+            # The start state above came from ``seed``; transitions get their own stream. Without a seed the
+            # base is drawn from the current stream, so the result is still a function of the env's history.
+            base = int(seed) if seed is not None else int(self.np_random.integers(DYNAMICS_SEED_MAX))
+            self.np_random = np.random.default_rng([base, int(dynamics_seed)])
         self._has_reset = True
         info = self._info(valid=True, effective=False, executed=[], components=self.reward_spec.zeros())
         info.update(extra)
+        if dynamics_seed is not None:
+            info["dynamics_seed"] = int(dynamics_seed)
         if self.render_mode == "human":
             self.render()
         return self._observation(), info
@@ -171,15 +229,18 @@ class TextEnv(gym.Env[str, str]):
             info["error"] = "the episode is over; call reset()"
             return self._observation(), 0.0, self._ended[0], self._ended[1], info
         self._turn += 1
-        parsed = parse_response(
-            action, think=self.think, max_actions=self.max_actions_per_turn, sep=self.action_sep
-        )
+        parse = parse_ragen_response if self.parse_mode == "ragen" else parse_response
+        parsed = parse(action, think=self.think, max_actions=self.max_actions_per_turn, sep=self.action_sep)
         executed: list[str] = []
         effective = False
         error = parsed.error
         if error is None:
-            actions, error = self._parse_actions(parsed)
-            if error is None:
+            if self.parse_mode == "ragen" and self.action_names:
+                actions, error = self._valid_subset(parsed)
+            else:
+                actions, error = self._parse_actions(parsed)
+                actions = actions if error is None else []
+            if actions:
                 budget = self.max_actions - self._actions_used
                 for act in actions[:budget]:
                     parts, moved = self._apply_action(act)
@@ -251,6 +312,21 @@ class TextEnv(gym.Env[str, str]):
                 return [], f"invalid action {shown!r}; valid actions: {', '.join(self.action_names)}"
             actions.append(name)
         return actions, None
+
+    def _valid_subset(self, parsed: ParsedResponse) -> tuple[list[Any], str | None]:
+        """RAGEN's execution rule: the answer parts that name an action (case-insensitively), in order, and an
+        error naming the others (``ragen/llm_agent/es_manager.py``, ``_extract_map_valid_actions``)."""
+        actions, invalid = [], []
+        for part in parsed.actions:
+            name = self._lookup.get(part.lower())
+            if name is None:
+                invalid.append(part if len(part) <= 40 else part[:37] + "...")
+            else:
+                actions.append(name)
+        if not invalid:
+            return actions, None
+        shown = ", ".join(repr(p) for p in invalid[:4])
+        return actions, f"invalid actions skipped: {shown}; valid actions: {', '.join(self.action_names)}"
 
     def _apply_action(self, action: Any) -> tuple[dict[str, float], bool]:
         """Execute one action; return its reward components and whether it changed the state."""

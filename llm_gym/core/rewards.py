@@ -11,6 +11,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+#: Largest allowed magnitude of a reward component value: sums over turns, groups and batches stay finite
+#: (1e308 + 1e308 is inf, and one inf turns every advantage into NaN).
+REWARD_MAX_ABS = 1e9
+
 
 @dataclass(frozen=True)
 class RewardComponent:
@@ -61,7 +65,8 @@ class RewardSpec:
         return RewardSpec(self.components + tuple(components))
 
     def with_overrides(self, overrides: Mapping[str, float] | None) -> RewardSpec:
-        """A copy with some values replaced; unknown names and non-finite values raise ``ValueError``."""
+        """A copy with some values replaced; unknown names and values that are not finite or exceed
+        :data:`REWARD_MAX_ABS` in magnitude raise ``ValueError``."""
         if not overrides:
             return self
         if not isinstance(overrides, Mapping):
@@ -79,9 +84,10 @@ class RewardSpec:
                     v = float(v)
                 except (TypeError, ValueError):
                     raise ValueError(f"reward component {c.name!r} must be a number, got {v!r}") from None
-                if not math.isfinite(v):
+                if not math.isfinite(v) or abs(v) > REWARD_MAX_ABS:
                     raise ValueError(
-                        f"reward component {c.name!r} must be finite, got {v}; valid names: {', '.join(self.names)}"
+                        f"reward component {c.name!r} must be a finite number in "
+                        f"[-{REWARD_MAX_ABS:g}, {REWARD_MAX_ABS:g}], got {v}"
                     )
                 c = RewardComponent(c.name, v, c.description)
             new.append(c)

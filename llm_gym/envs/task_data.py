@@ -3,12 +3,17 @@
 A source is either a local file (``.json``: a list of objects; ``.jsonl``: one object per line; ``.parquet``) or
 a Hugging Face dataset id loaded with ``datasets.load_dataset`` (imported lazily: ``llm_gym`` itself needs only
 gymnasium and numpy). Loaded sources are cached per process, so many env instances share one copy.
+
+Local files are untrusted input: a UTF-8 byte order mark is skipped, invalid UTF-8 and invalid or too deeply
+nested JSON raise ``ValueError`` naming the file and line, and lone surrogates (``"\\ud800"`` escapes) in strings
+are replaced by U+FFFD.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,26 +47,52 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError as e:
             raise ValueError("reading .parquet files needs pyarrow: pip install pyarrow") from e
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
+        return [_sanitize(row) for row in pq.read_table(path).to_pylist()]
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a UTF-8 byte order mark (Windows editors write one) is skipped
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {e.start} of the file)") from None
     if suffix == ".jsonl":
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                rows.append(_loads(line, f"{path}:{lineno}"))
         return rows
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e.msg})") from None
+    data = _loads(text, str(path))
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
     return data
+
+
+def _loads(text: str, where: str) -> Any:
+    try:
+        return _sanitize(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _sanitize(value: Any) -> Any:
+    """``value`` with lone surrogates in its strings replaced by U+FFFD.
+
+    JSON escapes such as ``"\\ud800"`` decode to lone surrogates, which no tokenizer or UTF-8 writer accepts (they
+    crashed training far from the file). Replacing them keeps the item usable and shows where text was broken.
+    Containers nest only as deep as ``json`` could parse them."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {_sanitize(k): _sanitize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_sanitize(v) for v in value]
+    return value
 
 
 def _load_hub(name: str, split: str, hint: str) -> Any:

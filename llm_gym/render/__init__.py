@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llm_gym.render.window import Window
 
 INSTALL_HINT = 'pygame is not installed; run `pip install "llm-gym[render]"`'
 
@@ -52,35 +55,19 @@ def render_frame(env: Any) -> np.ndarray:
     return to_array(surface)
 
 
-class _Window:
-    """A display window for ``render_mode="human"``."""
-
-    def __init__(self, size: tuple[int, int], title: str = "llm-gym"):
-        pygame = require_pygame()
-        pygame.display.init()
-        self.pygame = pygame
-        self.screen = pygame.display.set_mode(size)
-        pygame.display.set_caption(title)
-        self.clock = pygame.time.Clock()
-
-    def close(self) -> None:
-        self.pygame.display.quit()
-
-
-def show_frame(frame: np.ndarray, window: _Window | None, fps: int = 4) -> _Window:
+def show_frame(frame: np.ndarray, window: Window | None, fps: int = 4) -> Window:
     """Blit ``frame`` into ``window`` (created or resized as needed), wait for ``fps``, return the window."""
     from llm_gym.render.scene import from_array
+    from llm_gym.render.window import Window
 
     size = (frame.shape[1], frame.shape[0])
-    if window is None or window.screen.get_size() != size:
+    if window is None or window.size != size:
         if window is not None:
             window.close()
-        window = _Window(size)
-    pygame = window.pygame
-    pygame.event.pump()
-    window.screen.blit(from_array(frame), (0, 0))
-    pygame.display.flip()
-    window.clock.tick(fps)
+        window = Window(size)
+    window.pump()
+    window.show(from_array(frame))
+    window.tick(fps)
     return window
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llm_gym.render.sprites import tile
-from llm_gym.render.theme import auto_cell
+from llm_gym.render.theme import BOARD_LIMIT_PX, CELL_LIMITS, auto_cell
 
 #: XSB character -> (background tile, piece). ``-`` and ``_`` are floor in some level files.
 XSB_TILES: dict[str, tuple[str, str | None]] = {
@@ -100,12 +100,25 @@ def static_layer(bases: tuple[tuple[str, ...], ...], cell: int):
     return surf
 
 
+def check_cell(cell) -> int:
+    """``cell`` as an int within :data:`CELL_LIMITS`, or ``ValueError``."""
+    lo, hi = CELL_LIMITS
+    if isinstance(cell, bool) or not isinstance(cell, int) or not lo <= cell <= hi:
+        raise ValueError(f"cell size must be an integer number of pixels in [{lo}, {hi}], got {cell!r}")
+    return cell
+
+
 def draw_board(layout: BoardLayout, cell: int | None = None, target=None):
     """Draw ``layout`` with ``cell``-pixel tiles (chosen to fit ``BOARD_MAX_PX`` when ``None``).
 
     Draws into ``target`` when it is given and has the board's size, else into a new Surface; returns it."""
     n_rows, n_cols = layout.shape
-    cell = auto_cell(n_rows, n_cols) if cell is None else int(cell)
+    cell = auto_cell(n_rows, n_cols) if cell is None else check_cell(cell)
+    if max(n_rows, n_cols) * cell > BOARD_LIMIT_PX:
+        raise ValueError(
+            f"a {n_rows}x{n_cols} board with {cell}-pixel cells is larger than {BOARD_LIMIT_PX} pixels; "
+            "choose a smaller cell"
+        )
     background = static_layer(layout.bases, cell)
     if target is None or target.get_size() != background.get_size():
         target = background.copy()

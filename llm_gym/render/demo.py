@@ -53,13 +53,11 @@ def reasoning(rows: Sequence[str], moves: Sequence[str]) -> str:
 
 def demo_record(seed: int = 5, env_id: str = "llmgym/Sokoban-v0"):
     """The demo episode: ``env_id`` at ``seed`` played by the solver's optimal plan, two moves per turn."""
-    import gymnasium as gym
-
-    import llm_gym  # noqa: F401
     from llm_gym.envs.sokoban import solve
+    from llm_gym.registration import make_env
     from llm_gym.render.replay import record_episode
 
-    env = gym.make(env_id)
+    env = make_env(env_id)
     env.reset(seed=seed)
     base = env.unwrapped
     plan = solve(base.current_level()).plan

@@ -31,13 +31,24 @@ class TurnView:
     final: bool = False
 
 
+#: Longest reasoning shown in a caption, in characters: a caption holds a few hundred lines at most, and wrapping
+#: 50 MB of text took minutes.
+REASONING_MAX_CHARS = 20_000
+
+
+def _capped(text: str) -> str:
+    if len(text) <= REASONING_MAX_CHARS:
+        return text
+    return f"{text[:REASONING_MAX_CHARS]}\n[... {len(text) - REASONING_MAX_CHARS} more characters not shown]"
+
+
 def _reasoning(response: str) -> str:
     parsed = parse_response(response, think=True, sep=None)
     if parsed.think:
-        return parsed.think
+        return _capped(parsed.think)
     if parsed.ok:
         return "(no reasoning)"
-    return response  # unparsable: show the raw text, which is what went wrong
+    return _capped(response)  # unparsable: show the raw text, which is what went wrong
 
 
 def turn_view(record: EpisodeRecord, state: int) -> TurnView:

@@ -11,19 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.core.parsing import ACTION_SEP, format_response
+from llm_gym.registration import make_env
 from llm_gym.render.text import blit_lines, ellipsize, font, wrap_text
 from llm_gym.render.theme import COLORS
+from llm_gym.render.window import BAR_H, blit_fitted, run_window, screen_frame
 
 PLAY_SIZE = (1000, 600)
 HELP = "arrows: move   type + Enter: send an answer   Enter after the end: new episode   Esc: quit"
 HUMAN_THINK = "human player"
 _DIRECTIONS = ("up", "down", "left", "right")
-_BAR_H = 30
 _MAX_INPUT = 500
 
 
@@ -31,14 +31,9 @@ class PlaySession:
     """One person playing ``env_id``: the env, the text being typed, and the episodes played so far."""
 
     def __init__(self, env_id: str, *, seed: int | None = None, env_kwargs: Mapping[str, Any] | None = None):
-        import llm_gym  # noqa: F401  (registers ids)
-
         self.env_id = env_id
         self.env_kwargs = {k: v for k, v in dict(env_kwargs or {}).items() if k != "render_mode"}
-        try:
-            self.env = gym.make(env_id, disable_env_checker=True, **self.env_kwargs)
-        except gym.error.Error as e:
-            raise ValueError(f"cannot make {env_id!r}: {e}") from e
+        self.env = make_env(env_id, self.env_kwargs)
         base = self.env.unwrapped
         names = getattr(base, "action_names", None) or ()
         #: arrow key name -> the env's action of that name
@@ -73,13 +68,8 @@ class PlaySession:
         obs, _ = self.env.reset(seed=seed)
         self._next_seed = seed + 1
         self.records.append(
-            EpisodeRecord(
-                env_id=self.env_id,
-                seed=seed,
-                initial_observation=obs,
-                env_kwargs=dict(self.env_kwargs),
-                instructions=getattr(self.unwrapped, "instructions", ""),
-                meta={"policy": "human"},
+            EpisodeRecord.from_reset(
+                self.env, self.env_id, seed, obs, env_kwargs=self.env_kwargs, meta={"policy": "human"}
             )
         )
         self.buffer = ""
@@ -151,40 +141,29 @@ def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
 
     pg = require_pygame()
     w, h = size
-    if w < 400 or h < 240:
-        raise ValueError(f"play window size {size} is too small (at least 400x240)")
-    surf = pg.Surface(size)
-    surf.fill(COLORS["background"])
     base = session.unwrapped
     rec = session.record
-    f, small = font(18), font(16)
-    pg.draw.rect(surf, COLORS["title_bar"], (0, 0, w, _BAR_H))
     top = (
         f"{session.env_id}   seed {rec.seed}   episode {len(session.records)}   turn {len(rec.turns)}   "
         f"total reward {rec.total_reward:+.2f}"
     )
-    blit_lines(surf, ellipsize([top], 1, f, w - 20), f, (10, 8), COLORS["title_text"])
-    bottom = h - _BAR_H
-    board = draw_env(base)
-    area_w, area_h = int(w * 0.5), bottom - _BAR_H - 20
-    bw, bh = board.get_size()
-    scale = min(1.0, area_w / bw, area_h / bh)
-    if scale < 1.0:
-        board = pg.transform.smoothscale(board, (max(1, int(bw * scale)), max(1, int(bh * scale))))
-        bw, bh = board.get_size()
-    surf.blit(board, ((area_w - bw) // 2 + 10, _BAR_H + (bottom - _BAR_H - bh) // 2))
+    surf = screen_frame(size, top, HELP)
+    f, small = font(18), font(16)
+    bottom = h - BAR_H
+    area_w = int(w * 0.5)
+    blit_fitted(surf, draw_env(base), (10, BAR_H + 10, area_w, bottom - BAR_H - 20))
     # Right column: instructions, status, input box.
     x, inner = area_w + 30, w - area_w - 40
     input_h = 2 * f.get_linesize() + 12
     input_top = bottom - 10 - input_h
     status_top = input_top - 2 * f.get_linesize() - 10
-    room = max(0, (status_top - _BAR_H - 20) // small.get_linesize())
+    room = max(0, (status_top - BAR_H - 20) // small.get_linesize())
     instructions = getattr(base, "instructions", "") or ""
     blit_lines(
         surf,
         ellipsize(wrap_text(instructions, small, inner, room), room, small, inner),
         small,
-        (x, _BAR_H + 10),
+        (x, BAR_H + 10),
         COLORS["muted"],
     )
     color = COLORS["warning"] if session.message.startswith("invalid") else COLORS["text"]
@@ -207,8 +186,6 @@ def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
     blit_lines(
         surf, lines, f, (x + 6, input_top + 6), COLORS["text"] if not session.done else COLORS["muted"]
     )
-    pg.draw.rect(surf, COLORS["panel_edge"], (0, bottom, w, _BAR_H))
-    blit_lines(surf, ellipsize([HELP], 1, small, w - 20), small, (10, bottom + 9))
     return surf
 
 
@@ -221,26 +198,9 @@ def run_play(
     max_frames: int | None = None,
 ) -> PlaySession:
     """Open a window and play until Esc (or ``max_frames`` loop iterations, for tests); returns the session."""
-    from llm_gym.render import require_pygame
-
-    pg = require_pygame()
     session = PlaySession(env_id, seed=seed, env_kwargs=env_kwargs)
-    pg.display.init()
     try:
-        screen = pg.display.set_mode(size)
-        pg.display.set_caption(f"llm-gym: {env_id}")
-        clock = pg.time.Clock()
-        drawn, frames = -1, 0
-        while session.running and (max_frames is None or frames < max_frames):
-            for event in pg.event.get():
-                session.handle_event(event)
-            if drawn != session.version:
-                screen.blit(draw_play(session, size), (0, 0))
-                pg.display.flip()
-                drawn = session.version
-            clock.tick(30)
-            frames += 1
+        run_window(session, draw_play, size=size, title=f"llm-gym: {env_id}", max_frames=max_frames)
     finally:
-        pg.display.quit()
         session.close()
     return session

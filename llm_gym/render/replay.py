@@ -9,15 +9,19 @@ text cards of the recorded observations instead of boards from a diverged env.
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
+from llm_gym.registration import make_env
 
 
 @dataclass(frozen=True)
@@ -62,15 +66,110 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def make_env(record: EpisodeRecord) -> gym.Env:
-    """The environment a record was made with (``render_mode`` from the record is ignored)."""
-    import llm_gym  # noqa: F401  (registers the llmgym/ ids)
+#: Keyword arguments that name files or data sources. A record may carry only these values for them (bundled data,
+#: the defaults); any other value must come from the user (``env_kwargs=`` here, ``--env_kwargs`` on the command
+#: line), because a record is untrusted and a path in it could read any file (``/dev/zero``, ``../../etc/passwd``).
+FILE_KWARGS: dict[str, tuple[Any, ...]] = {
+    "level_file": (None, "sample"),
+    "dataset": (None, "sample", "meta-math/MetaMathQA", "Jiayi-Pan/Countdown-Tasks-3to4"),
+}
+#: Longest ``env_kwargs`` / ``reset_options`` a record may carry, in characters of JSON.
+RECORD_ARGS_MAX_CHARS = 1_000_000
 
-    kwargs = {k: v for k, v in dict(record.env_kwargs or {}).items() if k != "render_mode"}
+
+def _accepted_kwargs(cls: type) -> set[str]:
+    """Keyword names ``cls(...)`` takes: its ``__init__`` parameters and, through ``**kwargs``, its bases'."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {
+            p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+        }
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _json_size(value: Any, what: str) -> None:
     try:
-        return gym.make(record.env_id, disable_env_checker=True, **kwargs)
-    except gym.error.Error as e:
-        raise ValueError(f"cannot make {record.env_id!r} to replay the episode: {e}") from e
+        size = len(json.dumps(value, default=repr))
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError(f"the record's {what} is not plain JSON") from None
+    if size > RECORD_ARGS_MAX_CHARS:
+        raise ValueError(
+            f"the record's {what} is {size} characters of JSON, more than {RECORD_ARGS_MAX_CHARS}"
+        )
+
+
+def replay_env_args(
+    record: EpisodeRecord, env_kwargs: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The env id and kwargs to replay ``record`` with, after checking them: records are untrusted input.
+
+    Every replay path (``llmgym render`` / ``view``, :func:`replay_episode`, :func:`verify_episode`) goes
+    through here. The id must be one of llm-gym's own ids (``llmgym/Name-vN``): never Gymnasium's
+    ``module:Id`` form, which imports ``module``, nor another package's id. Each kwarg must be one the env's
+    constructor takes (``render_mode`` is dropped: frames are drawn off-screen), and the constructors bound every
+    size. File-valued kwargs (:data:`FILE_KWARGS`) are taken from the record only when they name bundled data;
+    other values must be given by the user in ``env_kwargs``, which also overrides the record's values.
+
+    Raises:
+        ValueError: saying what is not accepted and how to get past it when that is safe.
+    """
+    from llm_gym.registration import ENVS
+
+    entries = {e.id: e for e in ENVS}
+    env_id = record.env_id
+    if not isinstance(env_id, str) or env_id not in entries:
+        raise ValueError(
+            f"cannot make {_short(env_id)} to replay the record: not an llm-gym id; records are replayed only with ids "
+            f"registered under llmgym/ (known: {', '.join(entries)})"
+        )
+    cls = load_env_creator(entries[env_id].entry_point)
+    accepted = _accepted_kwargs(cls) - {"render_mode"}
+    recorded = record.env_kwargs
+    if not isinstance(recorded, Mapping):
+        raise ValueError(f"the record's env_kwargs must be an object, got {type(recorded).__name__}")
+    _json_size(dict(recorded), "env_kwargs")
+    _json_size(record.reset_options, "reset_options")
+    given = dict(env_kwargs or {})
+    kwargs: dict[str, Any] = {}
+    for key, value in recorded.items():
+        if key == "render_mode" or key in given:
+            continue
+        if not isinstance(key, str) or key not in accepted:
+            raise ValueError(
+                f"the record passes {_short(key)} to {env_id}, which takes only: {', '.join(sorted(accepted))}"
+            )
+        if key in FILE_KWARGS and not any(value == ok and type(value) is type(ok) for ok in FILE_KWARGS[key]):
+            raise ValueError(
+                f"the record asks for {key}={_short(value)}; file paths are not taken from a record. To replay "
+                f'it, pass the file yourself: --env_kwargs \'{{"{key}": "PATH"}}\' on the command line '
+                f"(env_kwargs={{{key!r}: PATH}} in Python)"
+            )
+        kwargs[key] = value
+    for key in given:
+        if key not in accepted:
+            raise ValueError(f"{env_id} does not take {key!r}; it takes: {', '.join(sorted(accepted))}")
+    kwargs.update(given)
+    return env_id, kwargs
+
+
+def _replay_env(record: EpisodeRecord, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
+    """The environment a record was made with, checked by :func:`replay_env_args`."""
+    env_id, kwargs = replay_env_args(record, env_kwargs)
+    try:
+        return make_env(env_id, kwargs)
+    except (
+        TypeError,
+        OverflowError,
+        KeyError,
+        IndexError,
+    ) as e:  # a constructor given a value of a wrong type
+        raise ValueError(f"cannot make {env_id!r} with the record's kwargs: {e}") from None
 
 
 def _as_float(value: Any) -> float:
@@ -98,12 +197,55 @@ def _compare(
     return None
 
 
+def iter_replay(
+    record: EpisodeRecord,
+    *,
+    cell: int | None = None,
+    draw: bool = True,
+    env_kwargs: Mapping[str, Any] | None = None,
+    result: Replay | None = None,
+) -> Iterator[np.ndarray]:
+    """Re-run ``record``'s episode, yielding each state's frame as soon as it is drawn (so an exporter can write
+    frames one by one instead of holding them all). The first disagreement is stored in ``result.mismatch``;
+    from there on the recorded observations are yielded as text cards. Arguments as in :func:`replay_episode`.
+    """
+    from llm_gym.render.scene import draw_env, to_array
+
+    result = result if result is not None else Replay(record)
+    env = _replay_env(record, env_kwargs)
+    shape = None
+    try:
+        try:
+            obs, _ = env.reset(seed=record.seed, options=record.reset_options)
+        except (TypeError, KeyError, IndexError, OverflowError) as e:  # reset options of a wrong type
+            raise ValueError(f"cannot reset {record.env_id} with the record's reset options: {e}") from None
+        first = to_array(draw_env(env, cell)) if draw else None
+        shape = None if first is None else first.shape[:2]
+        if obs != record.initial_observation:
+            result.mismatch = Mismatch(0, "observation", record.initial_observation, obs)
+        else:
+            if first is not None:
+                yield first
+            for t, rec in enumerate(record.turns, 1):
+                obs, reward, terminated, truncated, _ = env.step(rec.response)
+                result.mismatch = _compare(t, rec, obs, float(reward), terminated, truncated)
+                if result.mismatch is not None:
+                    break
+                if draw:
+                    yield to_array(draw_env(env, cell))
+    finally:
+        env.close()
+    if result.mismatch is not None and shape is not None:
+        yield from _recorded_cards(record, shape, result.mismatch.turn)
+
+
 def replay_episode(
     record: EpisodeRecord,
     *,
     cell: int | None = None,
     draw: bool = True,
     strict: bool = False,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> Replay:
     """Re-run ``record``'s episode and draw every state.
 
@@ -112,56 +254,38 @@ def replay_episode(
         cell: board cell size in pixels (``None``: fit the default board size).
         draw: draw frames (``False`` only checks the record).
         strict: raise :class:`ReplayMismatchError` on the first disagreement instead of reporting it.
+        env_kwargs: kwargs from the user, trusted, overriding the record's (see :func:`replay_env_args`).
 
     Raises:
-        ValueError: the env id cannot be made (unknown id, bad kwargs), or ``strict`` and a mismatch.
+        ValueError: the record's env id or kwargs are not accepted (see :func:`replay_env_args`), the env cannot
+            be made, or ``strict`` and a mismatch.
     """
-    from llm_gym.render.scene import draw_env, to_array
-
-    env = make_env(record)
     result = Replay(record)
-    try:
-        obs, _ = env.reset(seed=record.seed, options=record.reset_options)
-        if draw:
-            result.frames.append(to_array(draw_env(env, cell)))
-        if obs != record.initial_observation:
-            result.mismatch = Mismatch(0, "observation", record.initial_observation, obs)
-        else:
-            for t, rec in enumerate(record.turns, 1):
-                obs, reward, terminated, truncated, _ = env.step(rec.response)
-                result.mismatch = _compare(t, rec, obs, float(reward), terminated, truncated)
-                if result.mismatch is not None:
-                    break
-                if draw:
-                    result.frames.append(to_array(draw_env(env, cell)))
-    finally:
-        env.close()
-    if result.mismatch is not None:
-        if strict:
-            raise ReplayMismatchError(result.mismatch)
-        if draw:
-            _fill_from_record(result)
+    for frame in iter_replay(record, cell=cell, draw=draw, env_kwargs=env_kwargs, result=result):
+        result.frames.append(frame)
+    if result.mismatch is not None and strict:
+        raise ReplayMismatchError(result.mismatch)
     return result
 
 
-def _fill_from_record(result: Replay) -> None:
-    """After a mismatch, show the recorded observations (as text cards of the board's size)."""
+def _recorded_cards(record: EpisodeRecord, shape: tuple[int, int], first: int) -> Iterator[np.ndarray]:
+    """After a mismatch at state ``first``, the recorded observations from there on as text cards of the board's
+    size."""
     from llm_gym.render.card import draw_text_card
     from llm_gym.render.scene import to_array
 
-    h, w = result.frames[0].shape[:2]
+    h, w = shape
     size = (max(w, 48), max(h, 58))  # the smallest card; only degenerate boards are smaller (then cropped)
-    observations = [result.record.initial_observation] + [t.observation for t in result.record.turns]
-    for t in range(len(result.frames), len(observations)):
-        card = to_array(draw_text_card(observations[t], f"recorded (turn {t})", size))
-        result.frames.append(card[:h, :w] if card.shape[:2] != (h, w) else card)
-    if result.mismatch is not None and result.mismatch.turn == 0:
-        result.frames[0] = to_array(draw_text_card(observations[0], "recorded (reset)", size))[:h, :w]
+    for t in range(first, len(record.turns) + 1):
+        observation = record.initial_observation if t == 0 else record.turns[t - 1].observation
+        title = "recorded (reset)" if t == 0 else f"recorded (turn {t})"
+        yield to_array(draw_text_card(observation, title, size))[:h, :w]
 
 
-def verify_episode(record: EpisodeRecord) -> Mismatch | None:
-    """The first disagreement between ``record`` and a re-run of its environment, or ``None``."""
-    return replay_episode(record, draw=False).mismatch
+def verify_episode(record: EpisodeRecord, *, env_kwargs: Mapping[str, Any] | None = None) -> Mismatch | None:
+    """The first disagreement between ``record`` and a re-run of its environment, or ``None`` (``env_kwargs``: as
+    in :func:`replay_episode`)."""
+    return replay_episode(record, draw=False, env_kwargs=env_kwargs).mismatch
 
 
 def record_episode(
@@ -174,21 +298,13 @@ def record_episode(
     meta: Mapping[str, Any] | None = None,
 ) -> EpisodeRecord:
     """Play ``responses`` in a fresh ``env_id`` and return the episode as a record (stops when it ends)."""
-    import llm_gym  # noqa: F401
-
     kwargs = dict(env_kwargs or {})
-    env = gym.make(env_id, disable_env_checker=True, **kwargs)
+    env = make_env(env_id, kwargs)
     try:
         options = dict(reset_options) if reset_options is not None else None
         obs, _ = env.reset(seed=seed, options=options)
-        record = EpisodeRecord(
-            env_id=env_id,
-            seed=seed,
-            initial_observation=obs,
-            env_kwargs=kwargs,
-            reset_options=options,
-            instructions=getattr(env.unwrapped, "instructions", ""),
-            meta=dict(meta or {}),
+        record = EpisodeRecord.from_reset(
+            env, env_id, seed, obs, env_kwargs=kwargs, reset_options=options, meta=meta
         )
         for response in responses:
             obs, reward, terminated, truncated, info = env.step(response)

@@ -48,6 +48,10 @@ COLORS: dict[str, Color] = {
 BOARD_MAX_PX = 384
 #: Cell size bounds in pixels.
 CELL_MIN, CELL_MAX = 12, 64
+#: Cell sizes a caller may ask for, and the largest board side in pixels: bigger surfaces cost hundreds of MB
+#: and very large sprite scales crash SDL (``--cell 5000`` ended in SIGSEGV).
+CELL_LIMITS = (4, 256)
+BOARD_LIMIT_PX = 4096
 #: Size of answer cards and of the text-card fallback.
 CARD_SIZE = (480, 320)
 

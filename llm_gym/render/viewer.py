@@ -20,10 +20,10 @@ from llm_gym.agent.records import EpisodeRecord
 from llm_gym.render.panel import draw_caption, turn_view
 from llm_gym.render.text import blit_lines, ellipsize, font, wrap_text
 from llm_gym.render.theme import CARD_SIZE, COLORS
+from llm_gym.render.window import BAR_H, blit_fitted, run_window, screen_frame
 
 VIEWER_SIZE = (1100, 640)
 HELP = "left/right: step   space: play/pause   up/down or p/n: episode   wheel, PgUp/PgDn: scroll   q: quit"
-_BAR_H = 30
 _SCROLL_PAGE = 10
 _WHEEL_LINES = 3
 
@@ -36,14 +36,16 @@ class EpisodeFrames:
     problem: str | None = None
 
 
-def load_episode(record: EpisodeRecord) -> EpisodeFrames:
-    """Replay ``record`` into frames; when the env cannot be made, show the recorded observations as text."""
+def load_episode(record: EpisodeRecord, env_kwargs: dict | None = None) -> EpisodeFrames:
+    """Replay ``record`` into frames; when the env cannot be made, show the recorded observations as text.
+
+    ``env_kwargs`` come from the user and override the record's (see ``replay_env_args``)."""
     from llm_gym.render.card import draw_text_card
     from llm_gym.render.replay import replay_episode
     from llm_gym.render.scene import to_array
 
     try:
-        replay = replay_episode(record)
+        replay = replay_episode(record, env_kwargs=env_kwargs)
     except Exception as e:  # any env failure must not take the viewer down: fall back to the recorded text
         observations = [record.initial_observation] + [t.observation for t in record.turns]
         frames = [
@@ -226,15 +228,7 @@ def draw_viewer(state: ViewerState, size: tuple[int, int] = VIEWER_SIZE):
 
     pg = require_pygame()
     w, h = size
-    if w < 400 or h < 240:
-        raise ValueError(f"viewer size {size} is too small (at least 400x240)")
-    surf = pg.Surface(size)
-    surf.fill(COLORS["background"])
     rec = state.record
-    data = state.episode_frames()
-    # Top bar: episode summary.
-    pg.draw.rect(surf, COLORS["title_bar"], (0, 0, w, _BAR_H))
-    f = font(18)
     seed = "none" if rec.seed is None else rec.seed
     result = "solved" if rec.success else "not solved"
     top = (
@@ -242,33 +236,25 @@ def draw_viewer(state: ViewerState, size: tuple[int, int] = VIEWER_SIZE):
         f"{len(rec.turns)} turns   total reward {rec.total_reward:+.2f}   {result}"
         + ("   [playing]" if state.playing else "")
     )
-    blit_lines(surf, ellipsize(wrap_text(top, f, w - 20, 1), 1, f, w - 20), f, (10, 8), COLORS["title_text"])
-    y0 = _BAR_H
+    surf = screen_frame(size, top, HELP)
+    data = state.episode_frames()
+    y0 = BAR_H
     if data.problem:
+        f = font(18)
         lines = ellipsize(wrap_text(data.problem, f, w - 20, 2), 2, f, w - 20)
         pg.draw.rect(surf, COLORS["highlight"], (0, y0, w, 8 + f.get_linesize() * len(lines)))
         y0 = blit_lines(surf, lines, f, (10, y0 + 4), COLORS["warning"]) + 4
-    bottom = h - _BAR_H
+    bottom = h - BAR_H
     # Left: the board, scaled down only if it does not fit.
     frame = data.frames[min(state.turn, len(data.frames) - 1)]
-    board = from_array(frame)
-    area_w, area_h = int(w * 0.45), bottom - y0 - 20
-    bw, bh = board.get_size()
-    scale = min(1.0, area_w / bw, area_h / bh)
-    if scale < 1.0:
-        board = pg.transform.smoothscale(board, (max(1, int(bw * scale)), max(1, int(bh * scale))))
-        bw, bh = board.get_size()
-    surf.blit(board, ((area_w - bw) // 2 + 10, y0 + (bottom - y0 - bh) // 2))
+    area_w = int(w * 0.45)
+    blit_fitted(surf, from_array(frame), (10, y0 + 10, area_w, bottom - y0 - 20))
     # Right: the caption with scrollable reasoning.
     caption, max_scroll = draw_caption(
         turn_view(rec, state.turn), (w - area_w - 30, bottom - y0 - 20), scroll=state.scroll
     )
     state.set_scroll_limit(max_scroll)
     surf.blit(caption, (area_w + 20, y0 + 10))
-    # Bottom bar: keys.
-    pg.draw.rect(surf, COLORS["panel_edge"], (0, bottom, w, _BAR_H))
-    small = font(16)
-    blit_lines(surf, ellipsize([HELP], 1, small, w - 20), small, (10, bottom + 9), COLORS["text"])
     return surf
 
 
@@ -279,28 +265,13 @@ def run_viewer(
     episode: int = 0,
     size: tuple[int, int] = VIEWER_SIZE,
     max_frames: int | None = None,
+    env_kwargs: dict | None = None,
 ) -> ViewerState:
-    """Open a window and run the viewer until the user quits (or ``max_frames`` loop iterations, for tests)."""
-    from llm_gym.render import require_pygame
+    """Open a window and run the viewer until the user quits (or ``max_frames`` loop iterations, for tests).
 
-    pg = require_pygame()
-    state = ViewerState(records, fps=fps, episode=episode)
-    pg.display.init()
-    try:
-        screen = pg.display.set_mode(size)
-        pg.display.set_caption("llm-gym viewer")
-        clock = pg.time.Clock()
-        drawn, frames = -1, 0
-        while state.running and (max_frames is None or frames < max_frames):
-            for event in pg.event.get():
-                state.handle_event(event)
-            state.tick(clock.tick(30) / 1000.0)
-            if drawn != state.version:
-                # Drawing may clamp the scroll; record the version after it so that does not force a redraw.
-                screen.blit(draw_viewer(state, size), (0, 0))
-                pg.display.flip()
-                drawn = state.version
-            frames += 1
-    finally:
-        pg.display.quit()
+    ``env_kwargs``: the user's kwargs for replaying, overriding the records' (file paths are only taken from here).
+    """
+    loader = load_episode if env_kwargs is None else (lambda rec: load_episode(rec, env_kwargs))
+    state = ViewerState(records, fps=fps, episode=episode, loader=loader)
+    run_window(state, draw_viewer, size=size, title="llm-gym viewer", max_frames=max_frames)
     return state

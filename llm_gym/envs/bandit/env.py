@@ -37,6 +37,40 @@ TEST_PAIRS: tuple[tuple[str, str], ...] = (
 SPLITS = {"train": TRAIN_PAIRS, "test": TEST_PAIRS}
 
 
+#: Most arm pairs, and longest arm name (characters), accepted in ``arm_pairs``.
+MAX_ARM_PAIRS = 1000
+MAX_ARM_NAME_LENGTH = 4096
+
+
+def _check_pairs(arm_pairs: Any) -> tuple[tuple[str, str], ...]:
+    """``arm_pairs`` as a tuple of ``(low, high)`` name pairs, or ``ValueError`` saying what is wrong."""
+    shape = (
+        "arm_pairs must be a non-empty list of at most "
+        f"{MAX_ARM_PAIRS} (low_risk, high_risk) pairs of distinct, non-empty names"
+    )
+    if isinstance(arm_pairs, (str, bytes)) or not isinstance(arm_pairs, Sequence):
+        raise ValueError(shape)
+    if not 0 < len(arm_pairs) <= MAX_ARM_PAIRS:
+        raise ValueError(f"{shape}, got {len(arm_pairs)} pairs")
+    pairs = []
+    for pair in arm_pairs:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"{shape}; {pair!r:.60} is not a pair")
+        for name in pair:
+            # Names are shown in observations and matched against answers: printable, one line, bounded.
+            if not isinstance(name, str) or not name.strip() or len(name) > MAX_ARM_NAME_LENGTH:
+                raise ValueError(
+                    f"arm names must be non-empty strings of at most {MAX_ARM_NAME_LENGTH} characters, "
+                    f"got {name!r:.80}"
+                )
+            if not name.isprintable() or name != name.strip():
+                raise ValueError(f"arm names must be printable without surrounding spaces, got {name!r:.80}")
+        if pair[0].lower() == pair[1].lower():
+            raise ValueError(f"{shape}; the names of {tuple(pair)!r:.80} are the same")
+        pairs.append((pair[0], pair[1]))
+    return tuple(pairs)
+
+
 class BanditEnv(TextEnv):
     """Pick one of two arms whose names hint at their risk.
 
@@ -61,7 +95,8 @@ class BanditEnv(TextEnv):
 
     ## Arguments
     ``split`` ``"train"`` (12 pairs) or ``"test"`` (8 held-out pairs), ``arm_pairs`` (custom pairs, overrides
-    ``split``), ``high_risk_prob`` (0.25), and the common ``TextEnv`` arguments (``max_turns`` defaults to 1).
+    ``split``; at most 1000 pairs of distinct, non-empty, printable names of at most 4096 characters),
+    ``high_risk_prob`` (0.25), and the common ``TextEnv`` arguments (``max_turns`` defaults to 1).
 
     ## Version history
     * v0: initial version (RAGEN-2 name lists; low-risk payout 0.1 as in RAGEN's code, not the v1 paper's 0.15).
@@ -90,11 +125,7 @@ class BanditEnv(TextEnv):
                 raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
             pairs = SPLITS[split]
         else:
-            pairs = tuple(tuple(str(n) for n in p) for p in arm_pairs)
-            if not pairs or any(len(p) != 2 or p[0].lower() == p[1].lower() for p in pairs):
-                raise ValueError(
-                    "arm_pairs must be a non-empty list of (low_risk, high_risk) pairs of distinct names"
-                )
+            pairs = _check_pairs(arm_pairs)
         if not 0.0 <= float(high_risk_prob) <= 1.0:
             raise ValueError(f"high_risk_prob must be in [0, 1], got {high_risk_prob!r}")
         self.split = split

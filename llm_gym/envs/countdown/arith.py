@@ -298,6 +298,35 @@ def _check_nums(nums: Sequence[int]) -> list[int]:
 
 #: The exhaustive solver's size limit (the number of expressions grows super-exponentially).
 MAX_SOLVER_NUMBERS = 6
+#: Every binary operator of the answer language.
+OPERATORS = "+-*/"
+#: Most numbers :func:`plus_minus_solvable` accepts (its sum set has up to ``2**n`` elements).
+PLUS_MINUS_MAX_NUMBERS = 16
+
+
+def check_operators(operators: str) -> str:
+    """``operators`` as a canonical string (``"+-*/"`` order), or ``ValueError``."""
+    if not isinstance(operators, str) or not operators or set(operators) - set(OPERATORS):
+        raise ValueError(
+            f"operators must be a non-empty string of characters from {OPERATORS!r}, got {operators!r:.40}"
+        )
+    return "".join(op for op in OPERATORS if op in operators)
+
+
+def plus_minus_solvable(nums: Sequence[int], target: int) -> bool:
+    """Whether signs ``s_i`` in ``{+1, -1}`` give ``sum(s_i * nums[i]) == target`` (every number used once).
+
+    RAGEN's Countdown filter (``has_solution`` in ``ragen/env/countdown/env.py``), which also lets the first
+    number be negated; for a positive target that is the same as an expression with only ``+`` and ``-``.
+    """
+    if len(nums) > PLUS_MINUS_MAX_NUMBERS:
+        raise ValueError(
+            f"plus_minus_solvable takes at most {PLUS_MINUS_MAX_NUMBERS} numbers, got {len(nums)}"
+        )
+    sums = {0}
+    for n in nums:
+        sums = {s + n for s in sums} | {s - n for s in sums}
+    return target in sums
 
 
 class Reachable:
@@ -307,8 +336,10 @@ class Reachable:
     to how it was first built: ``(op, left_mask, left_value, right_mask, right_value)`` or ``None`` for a literal.
     """
 
-    def __init__(self, nums: Sequence[int]):
+    def __init__(self, nums: Sequence[int], operators: str = OPERATORS):
         self.nums = _check_nums(nums)
+        self.operators = check_operators(operators)
+        ops = frozenset(self.operators)
         n = len(self.nums)
         self.full = (1 << n) - 1
         table: list[dict[Number, tuple | None]] = [{} for _ in range(self.full + 1)]
@@ -329,7 +360,7 @@ class Reachable:
                     for x in ta:
                         for y in tb:
                             for op, v, swapped in _combine(x, y):
-                                if v not in out:
+                                if op in ops and v not in out:
                                     out[v] = (op, b, y, sub, x) if swapped else (op, sub, x, b, y)
                 sub = (sub - 1) & mask
         self.table = table

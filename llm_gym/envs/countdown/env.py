@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import RewardSpec, TextEnv
-from llm_gym.envs.countdown.arith import Reachable, evaluate, format_number, solve
+from llm_gym.envs.countdown.arith import (
+    OPERATORS,
+    PLUS_MINUS_MAX_NUMBERS,
+    Reachable,
+    check_operators,
+    evaluate,
+    format_number,
+    plus_minus_solvable,
+    solve,
+)
 from llm_gym.envs.task_data import load_records, pick_index
 
 #: The RAGEN data set (Hugging Face id); pass it as ``dataset=`` to play its tasks.
@@ -20,18 +29,33 @@ RAGEN_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
 #: Most numbers in a generated puzzle; data-mode items with more get no reference solution (too slow to search).
 SOLUTION_MAX_NUMBERS = 5
 _MAX_ANSWER_LENGTH = 256
+#: Largest number a puzzle may show (``number_range``, data-set and ``options`` numbers): keeps the numbers inside
+#: numpy's int64 draws and the solver's exact arithmetic small.
+NUMBER_MAX = 10**6
+#: Largest target magnitude (``target_range``, data-set and ``options`` targets).
+TARGET_MAX = 10**9
+#: Most numbers in a data-set or ``options`` task (generated puzzles are capped by ``SOLUTION_MAX_NUMBERS``).
+TASK_MAX_NUMBERS = 64
+#: ``dataset="ragen"`` stands for these settings (``ragen/env/countdown/env.py`` and ``config.py``): the hub data,
+#: its first 20,000 rows, only puzzles solvable with + and - (``has_solution``), item ``seed % len``.
+RAGEN_DATA_SETTINGS = {"dataset": RAGEN_DATASET, "max_rows": 20_000, "operators": "+-", "index_by": "seed"}
+INDEX_MODES = ("random", "seed")
+# Row indices kept by (source, split, max_rows, operators): the filter reads every row once per process.
+_KEPT: dict[tuple, list[int]] = {}
 
 
-def _int_pair(name: str, value: Any, low: int) -> tuple[int, int]:
+def _int_pair(name: str, value: Any, low: int, high: int) -> tuple[int, int]:
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a pair (min, max), got {value!r:.60}")
     try:
         a, b = value
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (min, max), got {value!r}") from None
+        raise ValueError(f"{name} must be a pair (min, max), got {value!r:.60}") from None
     for v in (a, b):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{name} must hold integers, got {value!r}")
-    if not low <= a <= b:
-        raise ValueError(f"{name} must satisfy {low} <= min <= max, got {value!r}")
+            raise ValueError(f"{name} must hold integers, got {value!r:.60}")
+    if not low <= a <= b <= high:
+        raise ValueError(f"{name} must satisfy {low} <= min <= max <= {high}, got {value!r:.60}")
     return int(a), int(b)
 
 
@@ -42,29 +66,35 @@ def generate_puzzle(
     target_range: tuple[int, int] = (10, 100),
     allow_unused: bool = False,
     max_tries: int = 20,
+    operators: str = OPERATORS,
 ) -> tuple[list[int], int, str]:
     """``(nums, target, solution)``: a solvable puzzle drawn from ``rng``.
 
     Draws the numbers, computes every value they reach exactly, and picks the target uniformly among the
     distinct integers reachable in ``target_range``. If ``max_tries`` draws reach no integer in range (rare,
     e.g. a narrow range), the last draw keeps the reachable integer nearest the range, so generation always ends.
+    ``operators`` restricts the expressions considered (``"+-"``: puzzles solvable with ``+`` and ``-`` alone, the
+    offline counterpart of RAGEN's filtered data); the reference solution uses only those operators.
     """
+    operators = check_operators(operators)
     best: tuple[int, list[int], Reachable, dict] | None = None
     lo, hi = target_range
     for _ in range(max_tries):
         k = int(rng.integers(num_count[0], num_count[1] + 1))
         nums = [int(x) for x in rng.integers(number_range[0], number_range[1] + 1, size=k)]
-        solver = Reachable(nums)
+        solver = Reachable(nums, operators)
         values = solver.values(allow_unused)
         ints = sorted(v for v in values if isinstance(v, int))
+        if not ints:  # possible with a restricted operator set (e.g. "/" and a zero)
+            continue
         candidates = [v for v in ints if lo <= v <= hi]
         if candidates:
             target = candidates[int(rng.integers(len(candidates)))]
             return nums, target, solver.expression(target, values[target])
-        # The sum is always reachable, so ``ints`` is never empty.
         nearest = min(ints, key=lambda v: (max(lo - v, v - hi, 0), v))
         best = (nearest, nums, solver, values)
-    assert best is not None
+    if best is None:
+        raise ValueError(f"no integer is reachable with operators {operators!r} in {max_tries} draws")
     target, nums, solver, values = best
     return nums, target, solver.expression(target, values[target])
 
@@ -140,11 +170,21 @@ class CountdownEnv(TextEnv):
     (default 5, RAGEN's base config; the RAGEN-2 paper uses 1) responses without one.
 
     ## Arguments
-    ``num_count`` ((3, 4), at most 5), ``number_range`` ((1, 99)), ``target_range`` ((10, 100)),
+    ``num_count`` ((3, 4), at most 5), ``number_range`` ((1, 99), within [0, 10**6]), ``target_range``
+    ((10, 100), within [-10**9, 10**9]),
     ``allow_unused`` (False), ``dataset`` (None: generate; a ``.json``/``.jsonl``/``.parquet`` path or a hub id
     with ``target`` and ``nums`` fields), ``split`` ("train"), ``max_turns`` (5) and the common ``TextEnv``
     arguments.
-    ``reset(options={"nums": [...], "target": t})`` plays a given puzzle; ``options={"index": i}`` a given
+    ``operators`` (``"+-*/"``; ``"+-"`` keeps generated puzzles and data-set items solvable with ``+`` and ``-``
+    alone, RAGEN's filter; data sets accept only these two values), ``max_rows`` (None; keep the first rows of the
+    data set), ``index_by`` (``"random"``: item drawn from ``np_random``; ``"seed"``: item ``seed % len`` as in
+    RAGEN, random when reset without a seed). ``dataset="ragen"`` means ``dataset=RAGEN_DATASET,
+    max_rows=20000, operators="+-", index_by="seed"`` (RAGEN's ``ragen/env/countdown/env.py``); offline it fails
+    with a clear error, and ``operators="+-"`` on generated puzzles is the offline counterpart. With
+    ``parse_mode="ragen"`` an answer containing ``=`` scores 0, as RAGEN's check (numbers must match the given
+    ones exactly, then ``eval``) gives for ``expression = value``.
+    ``reset(options={"nums": [...], "target": t})`` plays a given puzzle (data-set and ``options`` tasks: at most
+    64 numbers in [0, 10**6], a target in [-10**9, 10**9]); ``options={"index": i}`` a given
     data-set item.
 
     ## Version history
@@ -168,13 +208,33 @@ class CountdownEnv(TextEnv):
         dataset: str | os.PathLike | None = None,
         split: str = "train",
         max_turns: int = 5,
+        operators: str | None = None,
+        max_rows: int | None = None,
+        index_by: str | None = None,
         **kwargs: Any,
     ):
-        self.num_count = _int_pair("num_count", num_count, 1)
-        if self.num_count[1] > SOLUTION_MAX_NUMBERS:
-            raise ValueError(f"num_count allows at most {SOLUTION_MAX_NUMBERS} numbers, got {num_count!r}")
-        self.number_range = _int_pair("number_range", number_range, 0)
-        self.target_range = _int_pair("target_range", target_range, -(10**9))
+        if isinstance(dataset, str) and dataset == "ragen":
+            given = {"operators": operators, "max_rows": max_rows, "index_by": index_by}
+            clash = [k for k, v in given.items() if v is not None and v != RAGEN_DATA_SETTINGS[k]]
+            if clash:
+                raise ValueError(
+                    f"dataset='ragen' fixes {', '.join(clash)}; use dataset={RAGEN_DATASET!r} to vary them"
+                )
+            dataset, max_rows = RAGEN_DATASET, RAGEN_DATA_SETTINGS["max_rows"]
+            operators, index_by = RAGEN_DATA_SETTINGS["operators"], RAGEN_DATA_SETTINGS["index_by"]
+        self.operators = check_operators(OPERATORS if operators is None else operators)
+        self.index_by = "random" if index_by is None else index_by
+        if self.index_by not in INDEX_MODES:
+            raise ValueError(f"index_by must be one of {INDEX_MODES}, got {index_by!r}")
+        if max_rows is not None and (
+            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+        ):
+            raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
+        if dataset is not None and self.operators not in (OPERATORS, "+-"):
+            raise ValueError(f"data sets can be filtered with operators='+-' only, got {self.operators!r}")
+        self.num_count = _int_pair("num_count", num_count, 1, SOLUTION_MAX_NUMBERS)
+        self.number_range = _int_pair("number_range", number_range, 0, NUMBER_MAX)
+        self.target_range = _int_pair("target_range", target_range, -TARGET_MAX, TARGET_MAX)
         self.allow_unused = bool(allow_unused)
         for name in ("max_actions_per_turn", "max_actions"):
             if kwargs.pop(name, 1) != 1:
@@ -186,8 +246,20 @@ class CountdownEnv(TextEnv):
                 split=split,
                 fields=("target", "nums"),
                 hint="Use a local file instead: dataset='path/to/tasks.jsonl' (fields target, nums), "
-                "or dataset=None to generate puzzles.",
+                "or dataset=None to generate puzzles (operators='+-' for puzzles like RAGEN's filtered data).",
             )
+        self.max_rows = max_rows
+        self._kept: list[int] | None = None
+        if self.data is not None and (max_rows is not None or self.operators != OPERATORS):
+            key = (os.fspath(dataset), split, max_rows, self.operators)
+            kept = _KEPT.get(key)
+            if kept is None:
+                n = len(self.data) if max_rows is None else min(max_rows, len(self.data))
+                kept = [i for i in range(n) if self._keep(self.data[i])]
+                if not kept:
+                    raise ValueError(f"no item of {os.fspath(dataset)!r} is solvable with {self.operators!r}")
+                _KEPT[key] = kept
+            self._kept = kept
         super().__init__(max_turns=max_turns, max_actions_per_turn=1, max_actions=1, **kwargs)
         self.nums: list[int] = []
         self.target = 0
@@ -214,13 +286,22 @@ class CountdownEnv(TextEnv):
             self.nums, self.target = self._task(options.get("nums"), options.get("target"), "options")
             self.solution = self._solve()
         elif self.data is not None:
-            self.index = pick_index(self.np_random, len(self.data), options.get("index"))
-            row = self.data[self.index]
+            n = len(self.data) if self._kept is None else len(self._kept)
+            index = options.get("index")
+            if index is None and self.index_by == "seed" and self.reset_seed is not None:
+                index = self.reset_seed % n
+            self.index = pick_index(self.np_random, n, index)
+            row = self.data[self.index if self._kept is None else self._kept[self.index]]
             self.nums, self.target = self._task(row["nums"], row["target"], f"record {self.index}")
             self.solution = self._solve()
         else:
             self.nums, self.target, self.solution = generate_puzzle(
-                self.np_random, self.num_count, self.number_range, self.target_range, self.allow_unused
+                self.np_random,
+                self.num_count,
+                self.number_range,
+                self.target_range,
+                self.allow_unused,
+                operators=self.operators,
             )
         self.last_answer = ""
         self.verdict = None
@@ -235,13 +316,33 @@ class CountdownEnv(TextEnv):
             nums = nums.tolist()
         if (
             not isinstance(nums, (list, tuple, np.ndarray))
-            or not nums
-            or not all(is_int(x) and x >= 0 for x in nums)
+            or not 0 < len(nums) <= TASK_MAX_NUMBERS
+            or not all(is_int(x) and 0 <= x <= NUMBER_MAX for x in nums)
         ):
-            raise ValueError(f"{where}: nums must be a non-empty list of non-negative integers, got {nums!r}")
-        if not is_int(target):
-            raise ValueError(f"{where}: target must be an integer, got {target!r}")
+            raise ValueError(
+                f"{where}: nums must be a list of 1 to {TASK_MAX_NUMBERS} non-negative integers of at most {NUMBER_MAX}, "
+                f"got {nums!r:.80}"
+            )
+        if not is_int(target) or abs(target) > TARGET_MAX:
+            raise ValueError(
+                f"{where}: target must be an integer in [-{TARGET_MAX}, {TARGET_MAX}], got {target!r:.40}"
+            )
         return [int(x) for x in nums], int(target)
+
+    def _keep(self, row: Any) -> bool:
+        """Whether a data-set row passes the ``operators`` filter (malformed rows are dropped)."""
+        if self.operators == OPERATORS:
+            return True
+        nums, target = row.get("nums"), row.get("target")
+        if isinstance(nums, np.ndarray):
+            nums = nums.tolist()
+        if not isinstance(nums, (list, tuple)) or not 0 < len(nums) <= PLUS_MINUS_MAX_NUMBERS:
+            return False
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in nums):
+            return False
+        if isinstance(target, bool) or not isinstance(target, (int, np.integer)):
+            return False
+        return plus_minus_solvable([int(x) for x in nums], int(target))
 
     def _solve(self) -> str | None:
         if len(self.nums) > SOLUTION_MAX_NUMBERS:
@@ -250,7 +351,11 @@ class CountdownEnv(TextEnv):
 
     def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
         self.last_answer = action
-        self.verdict = check_answer(action, self.nums, self.target, self.allow_unused)
+        if self.parse_mode == "ragen" and "=" in action:
+            # RAGEN matches the answer's numbers against the given ones, so "expr = value" scores 0.
+            self.verdict = Verdict("invalid", error="RAGEN's rules reject '=' in the answer")
+        else:
+            self.verdict = check_answer(action, self.nums, self.target, self.allow_unused)
         spec = self.reward_spec
         if self.verdict.kind == "correct":
             return {"correct": spec["correct"]}, True

@@ -13,6 +13,9 @@ from llm_gym.core import RewardSpec, TextEnv
 ACTIONS = ("Left", "Down", "Right", "Up")
 _DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))
 _INDEX = {name: i for i, name in enumerate(ACTIONS)}
+#: Largest board side (``size``, and each side of a ``map`` given at reset): bounds reset time and observation
+#: length (a 64x64 ``grid_coord`` observation is about 53k characters).
+MAX_SIZE = 64
 
 
 def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 200) -> list[str]:
@@ -58,8 +61,15 @@ def _has_path(cells: Sequence[str], size: int) -> bool:
     return False
 
 
-def _validate_map(rows: Sequence[str]) -> list[str]:
-    rows = [str(r) for r in rows]
+def _validate_map(rows: Any) -> list[str]:
+    # A bare string would iterate as one-letter rows ("SFFG" is not a 4x1 board); None is not a map either.
+    if isinstance(rows, str) or not isinstance(rows, Sequence) or len(rows) > MAX_SIZE:
+        raise ValueError(
+            f"map must be a list of at most {MAX_SIZE} equal-length strings of S, F, H, G, got {_short(rows)}"
+        )
+    if not all(isinstance(r, str) and len(r) <= MAX_SIZE for r in rows):
+        raise ValueError(f"map rows must be strings of at most {MAX_SIZE} characters, got {_short(rows)}")
+    rows = list(rows)
     if not rows or any(len(r) != len(rows[0]) for r in rows):
         raise ValueError("map must be a non-empty list of equal-length rows")
     text = "".join(rows)
@@ -69,6 +79,11 @@ def _validate_map(rows: Sequence[str]) -> list[str]:
     if text.count("S") != 1 or text.count("G") < 1:
         raise ValueError("map needs exactly one S and at least one G")
     return rows
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class FrozenLakeEnv(TextEnv):
@@ -96,9 +111,9 @@ class FrozenLakeEnv(TextEnv):
     executed actions.
 
     ## Arguments
-    ``size`` (4), ``p`` frozen probability (0.9), ``success_rate`` (0.8), ``observation_format``
+    ``size`` (4; at most ``MAX_SIZE`` = 64), ``p`` frozen probability (0.9), ``success_rate`` (0.8), ``observation_format``
     (``"grid"`` or ``"grid_coord"``), and the common ``TextEnv`` arguments. ``reset(options={"map": rows})``
-    plays a given map of ``S F H G`` rows.
+    plays a given map: a list of equal-length ``S F H G`` strings (rows), at most ``size`` by ``size``.
 
     ## Version history
     * v0: initial version.
@@ -120,8 +135,9 @@ class FrozenLakeEnv(TextEnv):
         observation_format: str = "grid",
         **kwargs: Any,
     ):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-            raise ValueError(f"size must be an integer >= 2, got {size!r}")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 2 <= size <= MAX_SIZE:
+            raise ValueError(f"size must be an integer in [2, {MAX_SIZE}], got {size!r}")
+        size = int(size)
         if not 0.0 < float(p) <= 1.0:
             raise ValueError(f"p (frozen probability) must be in (0, 1], got {p!r}")
         if not 0.0 <= float(success_rate) <= 1.0:

@@ -10,6 +10,7 @@ import numpy as np
 from llm_gym.assets import asset_path
 from llm_gym.core import AnyText, RewardSpec, TextEnv
 from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
+from llm_gym.envs.metamathqa.math_verify_checker import math_verify_equivalent, require_math_verify
 from llm_gym.envs.task_data import load_records, pick_index
 
 #: The Hugging Face id of the full data set (395k items).
@@ -18,6 +19,8 @@ HUB_DATASET = "meta-math/MetaMathQA"
 SAMPLE_PATH = asset_path("metamathqa_sample.jsonl")
 #: Questions longer than this are cut (with a marker) so that every observation fits the observation space.
 QUESTION_MAX_LENGTH = 16000
+#: Answer checkers: ours (default) and the opt-in math-verify package.
+CHECKERS = ("builtin", "math-verify")
 CORRECT_TEXT = "Correct!"
 INCORRECT_TEXT = "Incorrect. Please think again."
 OFFLINE_HINT = (
@@ -44,6 +47,9 @@ class MetaMathQAEnv(TextEnv):
     ``\\boxed{}``, ``$...$`` and "The answer is", numerically when the gold answer is a number (``0.5`` =
     ``1/2`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``3.0`` = ``3``), allowing words or units around one lone
     number ("12 dollars"). ``strict=True`` uses RAGEN's rule: equality after lowercasing and deleting whitespace.
+    ``checker="math-verify"`` (opt-in, ``pip install "llm-gym[math]"``) asks Hugging Face's ``math_verify``
+    instead (symbolic, e.g. ``x^2+2x+1`` = ``(x+1)^2``), run in a time-limited worker process so that a hostile
+    answer cannot hang the env; a check that times out counts as wrong.
 
     ## Observation
     The question; after a wrong answer ``Incorrect. Please think again.``, after a right one ``Correct!``
@@ -61,6 +67,7 @@ class MetaMathQAEnv(TextEnv):
     ## Arguments
     ``dataset`` (``"meta-math/MetaMathQA"``; a hub id, a ``.json``/``.jsonl``/``.parquet`` path, or ``"sample"``),
     ``split`` ("train"), ``max_attempts`` (1; RAGEN's effective setting, see ``docs``), ``strict`` (False),
+    ``checker`` (``"builtin"``, or ``"math-verify"``),
     ``max_turns`` (None) and the common ``TextEnv`` arguments. ``reset(options={"index": i})`` picks an item.
     Without network and cache the hub id fails at construction with a ``RuntimeError`` naming both ways out.
 
@@ -83,6 +90,7 @@ class MetaMathQAEnv(TextEnv):
         split: str = "train",
         max_attempts: int = 1,
         strict: bool = False,
+        checker: str = "builtin",
         max_turns: int | None = None,
         **kwargs: Any,
     ):
@@ -94,6 +102,15 @@ class MetaMathQAEnv(TextEnv):
             raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
         self.max_attempts = int(max_attempts)
         self.strict = bool(strict)
+        if checker not in CHECKERS:
+            raise ValueError(f"checker must be one of {CHECKERS}, got {checker!r}")
+        if checker == "math-verify":
+            if self.strict:
+                raise ValueError(
+                    "strict=True is RAGEN's exact-match rule; it cannot be combined with math-verify"
+                )
+            require_math_verify()
+        self.checker = checker
         for name in ("max_actions_per_turn", "max_actions"):
             if name in kwargs:
                 raise ValueError(f"{name} is fixed for MetaMathQA; use max_attempts to allow retries")
@@ -150,7 +167,10 @@ class MetaMathQAEnv(TextEnv):
 
     def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
         self.last_answer = action
-        correct = is_equivalent(action, self.gold, strict=self.strict)
+        if self.checker == "math-verify":
+            correct = math_verify_equivalent(action, self.gold)
+        else:
+            correct = is_equivalent(action, self.gold, strict=self.strict)
         self.last_correct = correct
         earlier = self.attempts
         self.attempts += 1

@@ -8,10 +8,14 @@
   exact numeric equality (``0.5`` = ``1/2`` = ``\\frac{1}{2}``, ``1,000`` = ``1000``, ``3.0`` = ``3``, the mixed
   number ``3\\frac{1}{2}`` = ``3.5``), where the
   prediction may carry words or units around one lone number ("12 dollars", "x = 12"); then element-wise
-  comparison of bracketed tuples such as ``(1, \\frac{1}{2})``.
+  comparison of bracketed tuples such as ``(1, \\frac{1}{2})``; then, when the gold answer is a
+  radical, equality of ``q*sqrt(m)`` forms (``2\\sqrt{3}`` = ``\\sqrt{12}``, ``2/\\sqrt{2}`` = ``\\sqrt{2}``).
+  An unevaluated expression (``2+3`` for 5) is not a final answer and never equals a number.
 
 Numbers are compared exactly as fractions (parsed by :mod:`llm_gym.envs.countdown.arith`, never ``eval``). Every step is
-linear in the input, and inputs are capped, so checking never hangs and never raises.
+linear in the input, and inputs are capped before any other work (a prediction longer than ``MAX_INPUT`` characters
+and longer than the gold answer is read by its last ``MAX_INPUT`` characters; in strict mode a prediction longer than
+``STRICT_MAX_INPUT`` is never equal), so checking never hangs and never raises.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from llm_gym.envs.countdown.arith import evaluate
 
 #: Longest prediction examined (its tail is kept: the final answer comes last).
 MAX_INPUT = 2000
+#: Longest answer compared in strict mode (the response parser's limit, so env answers are never refused).
+STRICT_MAX_INPUT = 1_000_000
 #: Longest text in which a lone number is looked for among words and units.
 MAX_LONE_TEXT = 200
 
@@ -235,6 +241,61 @@ def _tuple_equivalent(pred: str, gold: str, depth: int) -> bool:
     return False
 
 
+#: Largest radicand reduced to its square-free part (trial division up to its square root).
+MAX_RADICAND = 10**8
+_COEF = r"(-?[0-9]{0,12})"
+_SQRT = r"\\sqrt\s*(?:\{\s*([0-9]{1,9})\s*\}|([0-9]))"
+_RADICAL_FORMS = (
+    # c\sqrt{n}, c\sqrt{n}/d
+    (re.compile(rf"{_COEF}\s*\*?\s*{_SQRT}(?:\s*/\s*([0-9]{{1,12}}))?"), "mul"),
+    # \frac{c\sqrt{n}}{d}
+    (re.compile(rf"\\frac\s*\{{\s*{_COEF}\s*{_SQRT}\s*\}}\s*\{{\s*([0-9]{{1,12}})\s*\}}"), "mul"),
+    # a/\sqrt{n}, \frac{a}{\sqrt{n}}
+    (re.compile(rf"(-?[0-9]{{1,12}})\s*/\s*{_SQRT}"), "div"),
+    (re.compile(rf"\\frac\s*\{{\s*(-?[0-9]{{1,12}})\s*\}}\s*\{{\s*{_SQRT}\s*\}}"), "div"),
+)
+
+
+def _square_free(n: int) -> tuple[int, int]:
+    """``(s, m)`` with ``n = s*s*m`` and ``m`` square-free."""
+    s, m, f = 1, n, 2
+    while f * f <= m:
+        while m % (f * f) == 0:
+            m //= f * f
+            s *= f
+        f += 1
+    return s, m
+
+
+def radical(text: str) -> tuple[Fraction, int] | None:
+    """``(q, m)`` for an answer ``q * sqrt(m)`` written as ``c\\sqrt{n}``, ``c\\sqrt{n}/d``,
+    ``\\frac{c\\sqrt{n}}{d}``, ``a/\\sqrt{n}`` or ``\\frac{a}{\\sqrt{n}}`` (integers; ``m`` square-free, so
+    equal values give equal pairs: ``2\\sqrt{3}`` = ``\\sqrt{12}``, ``2/\\sqrt{2}`` = ``\\sqrt{2}``), else ``None``."""
+    text = text.strip()
+    if len(text) > 100:
+        return None
+    for pattern, kind in _RADICAL_FORMS:
+        m = pattern.fullmatch(text)
+        if m is None:
+            continue
+        if kind == "mul":
+            coef, n1, n2, den = m.groups()
+            c = -1 if coef == "-" else int(coef) if coef else 1
+            d = int(den) if den else 1
+            q, n = (Fraction(c, d) if d else None), int(n1 or n2)
+        else:
+            a, n1, n2 = m.groups()
+            n = int(n1 or n2)
+            q = Fraction(int(a), n) if n else None  # a/sqrt(n) = a*sqrt(n)/n
+        if q is None or n > MAX_RADICAND:
+            return None
+        if n == 0 or q == 0:
+            return Fraction(0), 1
+        s, free = _square_free(n)
+        return q * s, free
+    return None
+
+
 def _equivalent(pred: str, gold: str, depth: int = 0) -> bool:
     if normalize_strict(pred) == normalize_strict(gold):
         return True
@@ -245,7 +306,11 @@ def _equivalent(pred: str, gold: str, depth: int = 0) -> bool:
         pv = to_number(pred)
         if pv is None:
             pv = lone_number(pred)
+        # An unevaluated expression ("2+3", "\\sqrt{4}") is not a final answer: it stays unequal to 5 or 2.
         return pv is not None and pv == gv
+    gr = radical(gold)
+    if gr is not None:  # a symbolic gold answer: equal radicals in any integer form
+        return radical(pred) == gr
     return _tuple_equivalent(pred, gold, depth)
 
 
@@ -253,10 +318,20 @@ def is_equivalent(pred: str, gold: str, *, strict: bool = False) -> bool:
     """Whether the predicted answer matches the gold answer (see the module docstring); never raises."""
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False
+    if strict:
+        # RAGEN's rule exactly (ragen/env/metamathqa/env.py, _check_answer): an empty gold answer matches nothing.
+        # Normalising is linear; only answers beyond the response parser's own cap are refused unread.
+        if len(pred) > STRICT_MAX_INPUT:
+            return False
+        gold_norm = normalize_strict(gold)
+        return bool(gold_norm) and normalize_strict(pred) == gold_norm
+    # Cap first: normalising a 100 MB answer cost seconds and gigabytes. No gold answer is that long, so an
+    # answer longer than both MAX_INPUT and the gold is judged by its tail only (its last MAX_INPUT characters,
+    # as clean_answer reads it).
+    if len(pred) > max(MAX_INPUT, len(gold)):
+        pred = pred[-MAX_INPUT:]
     if normalize_strict(pred) == normalize_strict(gold):
         return True
-    if strict:
-        return False
     pred, gold = clean_answer(pred), clean_answer(gold)
     if not pred or not gold:
         return False

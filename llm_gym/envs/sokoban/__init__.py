@@ -11,6 +11,7 @@ from llm_gym.envs.sokoban.level import (
     parse_levels,
     sample_path,
 )
+from llm_gym.envs.sokoban.ragen_generator import RagenGeneratorConfig, generate_ragen_level
 from llm_gym.envs.sokoban.solver import ACTIONS, SolveResult, solve
 
 __all__ = [
@@ -19,12 +20,14 @@ __all__ = [
     "REMAPPED_VOCAB",
     "GeneratedLevel",
     "GeneratorConfig",
+    "RagenGeneratorConfig",
     "SokobanEnv",
     "SokobanLevel",
     "SolveResult",
     "format_collection",
     "format_xsb",
     "generate_level",
+    "generate_ragen_level",
     "load_levels",
     "parse_level",
     "parse_levels",

@@ -9,7 +9,15 @@ import numpy as np
 
 from llm_gym.core import RewardSpec, TextEnv
 from llm_gym.envs.sokoban.generator import GeneratorConfig, generate_level
-from llm_gym.envs.sokoban.level import Cell, SokobanLevel, format_xsb, load_levels, parse_level
+from llm_gym.envs.sokoban.level import (
+    LEVEL_MAX_SIDE,
+    Cell,
+    SokobanLevel,
+    format_xsb,
+    load_levels,
+    parse_level,
+)
+from llm_gym.envs.sokoban.ragen_generator import RagenGeneratorConfig, generate_ragen_level
 from llm_gym.envs.sokoban.solver import ACTIONS, DELTAS, solve
 
 #: Symbol roles, in RAGEN's cell-code order (0 wall ... 6 player on target).
@@ -28,6 +36,8 @@ _ROLE_TEXT = {
     "player_on_target": "player on a target",
 }
 _DELTA = dict(zip(ACTIONS, DELTAS))
+#: Largest ``solver_max_states``: bounds the solver's time and memory at reset (about 10 s and 2 GB).
+SOLVER_MAX_STATES_LIMIT = 10_000_000
 
 
 def _resolve_vocab(vocab: str | Mapping[str, str]) -> dict[str, str]:
@@ -82,13 +92,17 @@ class SokobanEnv(TextEnv):
     executed actions.
 
     ## Arguments
-    ``dim_room`` ((6, 6); a larger room gets an observation space that fits it), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
+    ``dim_room`` ((6, 6), at most (100, 100); a larger room gets an observation space that fits it), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
     episode's ``max_actions``, so every generated level can be solved in the budget), ``observation_format``
     (``"grid"`` / ``"grid_coord"``), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
-    ``level_file`` (``None``, ``"sample"`` or an XSB path; the level is picked by seed or
-    ``options={"level_index": i}``), ``solver_max_states`` (200000; state budget for solving file/given levels
-    at reset), ``generator`` (a :class:`GeneratorConfig` overriding the generation knobs), and the common
-    ``TextEnv`` arguments (``max_turns`` 5, ``max_actions_per_turn`` 2, ``max_actions`` 10).
+    ``level_file`` (``None``, ``"sample"`` or an XSB path of at most 16 MiB and 10,000 levels of at most 100x100;
+    the level is picked by seed or ``options={"level_index": i}``), ``solver_max_states`` (200000, at most 10**7; state budget for solving
+    file/given levels at reset), ``generator`` (``None``: our generator; a :class:`GeneratorConfig` overriding its knobs;
+    ``"ragen"`` or a :class:`RagenGeneratorConfig`: RAGEN's generator, ``ragen/env/sokoban/utils.py``, whose
+    levels are easier and not bounded by ``min/max_optimal_length``), ``search_depth`` (``generator="ragen"``
+    only: RAGEN's reverse-play depth, 300 by default; RAGEN uses 10 for LargerSokoban and 30 for the
+    new-vocabulary variant), and the common ``TextEnv`` arguments (``max_turns`` 5,
+    ``max_actions_per_turn`` 2, ``max_actions`` 10).
     ``reset(options={"level": text_or_SokobanLevel})`` plays that level.
 
     ``info`` at reset adds ``optimal_length`` (moves; ``None`` if the solver gave up or the level is
@@ -118,7 +132,8 @@ class SokobanEnv(TextEnv):
         vocab: str | Mapping[str, str] = "default",
         level_file: str | None = None,
         solver_max_states: int = 200_000,
-        generator: GeneratorConfig | None = None,
+        generator: GeneratorConfig | RagenGeneratorConfig | str | None = None,
+        search_depth: int | None = None,
         **kwargs: Any,
     ):
         if observation_format not in ("grid", "grid_coord"):
@@ -126,9 +141,11 @@ class SokobanEnv(TextEnv):
         if (
             isinstance(solver_max_states, bool)
             or not isinstance(solver_max_states, int)
-            or solver_max_states < 0
+            or not 0 <= solver_max_states <= SOLVER_MAX_STATES_LIMIT
         ):
-            raise ValueError(f"solver_max_states must be a non-negative integer, got {solver_max_states!r}")
+            raise ValueError(
+                f"solver_max_states must be an integer in [0, {SOLVER_MAX_STATES_LIMIT}], got {solver_max_states!r}"
+            )
         self.observation_format = observation_format
         self.vocab = _resolve_vocab(vocab)
         self.glyphs = "".join(self.vocab.values())
@@ -138,6 +155,16 @@ class SokobanEnv(TextEnv):
         needed = max((self._obs_bound(lv) for lv in self.levels), default=0)
         self.obs_max_length = max(type(self).obs_max_length, needed)
         super().__init__(**kwargs)
+        if search_depth is not None and generator != "ragen":
+            raise ValueError("search_depth applies to generator='ragen' only")
+        if generator == "ragen":
+            generator = RagenGeneratorConfig(
+                dim_room=dim_room,
+                num_boxes=num_boxes,
+                search_depth=300 if search_depth is None else search_depth,
+            )
+        elif isinstance(generator, str):
+            raise ValueError(f"generator must be None, 'ragen' or a generator config, got {generator!r}")
         if generator is None:
             generator = GeneratorConfig(
                 dim_room=dim_room,
@@ -145,10 +172,17 @@ class SokobanEnv(TextEnv):
                 min_optimal_length=min_optimal_length,
                 max_optimal_length=self.max_actions if max_optimal_length is None else max_optimal_length,
             )
-        elif not isinstance(generator, GeneratorConfig):
-            raise ValueError(f"generator must be a GeneratorConfig, got {type(generator).__name__}")
+        elif not isinstance(generator, (GeneratorConfig, RagenGeneratorConfig)):
+            raise ValueError(
+                f"generator must be a GeneratorConfig or RagenGeneratorConfig, got {type(generator).__name__}"
+            )
         self.generator = generator
         rows, cols = generator.dim_room
+        if max(rows, cols) > LEVEL_MAX_SIDE:
+            # Generation time grows with the room (a 3000x3000 room hung for minutes); 100x100 takes ~2 s.
+            raise ValueError(
+                f"dim_room may be at most {LEVEL_MAX_SIDE}x{LEVEL_MAX_SIDE}, got {generator.dim_room}"
+            )
         needed = self._size_bound(rows, cols, generator.num_boxes)
         if needed > self.obs_max_length:
             # Rooms larger than the default space get a space that fits them (checked again at every reset).
@@ -246,7 +280,10 @@ class SokobanEnv(TextEnv):
         else:
             if "level_index" in options:
                 raise ValueError("options['level_index'] needs a file-backed env (level_file=...)")
-            generated = generate_level(self.np_random, self.generator)
+            if isinstance(self.generator, RagenGeneratorConfig):
+                generated = generate_ragen_level(self.np_random, self.generator)
+            else:
+                generated = generate_level(self.np_random, self.generator)
             level, status, length = generated.level, "solved", generated.optimal_length
             info["level_source"] = "generated"
         if level.is_solved:

@@ -4,9 +4,14 @@ XSB notation: ``#`` wall, ``@`` player, ``+`` player on goal, ``$`` box, ``*`` b
 floor (``-`` and ``_`` are accepted as floor too). A collection file holds several levels separated by blank
 lines; a line starting with ``;`` is a comment and the last comment before a level names it (Boxoban's ``; N``).
 
-Normalisation: rows may be ragged (they are padded on the right). Cells the player cannot reach (the outside of
-the level and sealed-off pockets) become walls, so ``format_xsb(parse_level(t))`` may differ from ``t`` in those
+Normalisation: rows may be ragged (they are padded on the right). Columns that hold only spaces in every row of a
+level (common indentation, trailing spaces) are outside it and dropped. Cells the player cannot reach (the outside
+of the level and sealed-off pockets) become walls, so ``format_xsb(parse_level(t))`` may differ from ``t`` in those
 cells only.
+
+Bounds (untrusted files): a level is at most ``LEVEL_MAX_SIDE`` (100) rows and columns after that cropping, a text
+holds at most ``MAX_LEVELS`` (10,000) levels, a level file at most ``LEVEL_FILE_MAX_BYTES`` (16 MiB); beyond that
+parsing stops with a ``ValueError`` saying which bound, before allocating anything per cell.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ Cell = tuple[int, int]
 
 #: XSB characters accepted on a board line.
 XSB_CHARS = "#@+$*. -_"
+#: Largest level side (rows or columns, after dropping the all-space columns around it), levels per text, and
+#: level file size: parsing costs time and memory in proportion to these, never to the extent of empty space.
+LEVEL_MAX_SIDE = 100
+MAX_LEVELS = 10_000
+LEVEL_FILE_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -128,8 +138,18 @@ def _where(source: str, line: int, col: int | None = None) -> str:
 
 def _parse_block(lines: list[str], first_line: int, source: str = "", name: str = "") -> SokobanLevel:
     """One level from its board lines; ``first_line`` is the 1-based line number of ``lines[0]``."""
+    block = f"{source}: lines" if source else "lines"
+    block += f" {first_line}-{first_line + len(lines) - 1}"
+    # Columns of spaces on the left of every row and on the right are outside the level: drop them before
+    # anything is allocated per cell, then bound what is left.
+    left = min(len(line) - len(line.lstrip(" ")) for line in lines)
     height = len(lines)
-    width = max(len(line) for line in lines)
+    width = max(len(line.rstrip(" ")) for line in lines) - left
+    if height > LEVEL_MAX_SIDE or width > LEVEL_MAX_SIDE:
+        raise ValueError(
+            f"{block}: the level is {height}x{width}; levels may be at most {LEVEL_MAX_SIDE}x{LEVEL_MAX_SIDE}"
+        )
+    lines = [line[left:].rstrip(" ") for line in lines]
     walls: set[Cell] = set()
     goals: set[Cell] = set()
     boxes: set[Cell] = set()
@@ -138,7 +158,7 @@ def _parse_block(lines: list[str], first_line: int, source: str = "", name: str 
         for c, ch in enumerate(line):
             if ch not in XSB_CHARS:
                 raise ValueError(
-                    f"{_where(source, first_line + r, c + 1)}: unknown character {ch!r}; XSB levels use "
+                    f"{_where(source, first_line + r, c + 1 + left)}: unknown character {ch!r}; XSB levels use "
                     "# wall, @ player, + player on goal, $ box, * box on goal, . goal, and space, - or _ floor"
                 )
             if ch == "#":
@@ -150,12 +170,10 @@ def _parse_block(lines: list[str], first_line: int, source: str = "", name: str 
             if ch in "@+":
                 if player is not None:
                     raise ValueError(
-                        f"{_where(source, first_line + r, c + 1)}: second player; a level has exactly one @ or +"
-                        f" (the first is at line {first_line + player[0]}, column {player[1] + 1})"
+                        f"{_where(source, first_line + r, c + 1 + left)}: second player; a level has exactly one @ or"
+                        f" + (the first is at line {first_line + player[0]}, column {player[1] + 1 + left})"
                     )
                 player = (r, c)
-    block = f"{source}: lines" if source else "lines"
-    block += f" {first_line}-{first_line + height - 1}"
     if player is None:
         raise ValueError(f"{block}: the level has no player (@ or +)")
     if not boxes:
@@ -166,12 +184,12 @@ def _parse_block(lines: list[str], first_line: int, source: str = "", name: str 
     region = player_region(height, width, walls, player)
     if region is None:
         raise ValueError(
-            f"{_where(source, first_line + player[0], player[1] + 1)}: the player's area is not enclosed by walls"
+            f"{_where(source, first_line + player[0], player[1] + 1 + left)}: the player's area is not enclosed by walls"
         )
     for what, cells in (("box", boxes), ("goal", goals)):
         for r, c in sorted(cells - region):
             raise ValueError(
-                f"{_where(source, first_line + r, c + 1)}: {what} is not reachable from the player"
+                f"{_where(source, first_line + r, c + 1 + left)}: {what} is not reachable from the player"
             )
     all_cells = {(r, c) for r in range(height) for c in range(width)}
     return SokobanLevel(
@@ -226,6 +244,10 @@ def parse_levels(text: str, *, source: str = "") -> list[SokobanLevel]:
                 pending = line.lstrip()[1:].strip()
             continue
         if not block:
+            if len(levels) >= MAX_LEVELS:
+                raise ValueError(
+                    f"{source + ': ' if source else ''}more than {MAX_LEVELS} levels in one text"
+                )
             start, name, pending = i, pending, ""
         block.append(line)
     if not levels:
@@ -237,9 +259,16 @@ def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
     """Every level of an XSB file; ``"sample"`` loads the bundled sample collection."""
     path = sample_path() if str(path) == "sample" else Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            data = f.read(LEVEL_FILE_MAX_BYTES + 1)  # bounded: /dev/zero or a huge file must not fill memory
     except OSError as e:
         raise ValueError(f"cannot read level file {str(path)!r}: {e.strerror or e}") from None
+    if len(data) > LEVEL_FILE_MAX_BYTES:
+        raise ValueError(f"level file {str(path)!r} is larger than {LEVEL_FILE_MAX_BYTES} bytes")
+    try:
+        text = data.decode("utf-8-sig")  # a UTF-8 byte order mark is skipped
+    except UnicodeDecodeError as e:
+        raise ValueError(f"level file {str(path)!r} is not valid UTF-8 (byte {e.start})") from None
     return parse_levels(text, source=Path(path).name)
 
 

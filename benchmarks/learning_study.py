@@ -1,0 +1,459 @@
+"""Does GRPO training learn the task, or only the answer format? A small CPU study against chance.
+
+For each environment setting and each condition (no filter vs the SNR filter, top-p 0.9, at the same
+generation budget: P seeds x G rollouts per step, every step) and each training seed, it runs ``llmgym-train``
+(in process, through its ``main``) and reads the run's episode records:
+
+* the training curve: success and valid-answer rate of every generation round (P x G episodes) vs step;
+* evaluation of the untrained model and of each trained model on held-out seeds (disjoint from the training
+  seeds ``train_seed..`` and from the pilot seeds), with Wilson 95% intervals; success among fully valid
+  episodes is reported apart from the valid-answer rate;
+* the reference in the same run: the random valid-action policy on the same held-out seeds and limits
+  (``llm_gym.agent.baselines``) and the solver optimum.
+
+Writes ``learning_study.json`` (results), ``learning_study.png`` (curves with the baseline band) and a markdown
+table (``learning_study.md``), and prints for each run the after/baseline success ratio.
+
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py                     # SmolLM2-135M, CPU budget
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --quick             # tiny random model, seconds
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs Bandit --max-steps 20 --train-seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _offline  # noqa: E402, F401  (offline, single-threaded; before torch)
+
+from llm_gym.agent.baselines import (  # noqa: E402
+    baseline_success,
+    episode_outcomes,
+    format_outcomes,
+    format_rate,
+    outcome_summary,
+)
+from llm_gym.agent.records import read_records  # noqa: E402
+
+#: First held-out evaluation seed: far from the training seeds (train_seed 10000 + k * 1000 + s * P + g),
+#: from RAGEN's validation seeds (123..) and from the pilot seeds (5000..) used to choose the setting.
+HELD_OUT_SEED = 200_000
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """One environment setting of the study: the env id, its kwargs and the turn/action limits."""
+
+    name: str
+    env: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 1
+    max_actions_per_turn: int = 1
+    max_actions: int = 1
+    #: Tokens per reply: the answer-only format needs few (``<answer>Left</answer>`` is 6 tokens).
+    max_new_tokens: int = 16
+
+    def env_kwargs_with_limits(self) -> dict[str, Any]:
+        """gym.make kwargs of the training runs: the limits, answer-only format, then ``env_kwargs``."""
+        return {
+            "max_turns": self.max_turns,
+            "max_actions_per_turn": self.max_actions_per_turn,
+            "max_actions": self.max_actions,
+            "think": False,
+            **self.env_kwargs,
+        }
+
+    def train_args(self) -> list[str]:
+        return [
+            "--env",
+            self.env,
+            "--env_kwargs",
+            json.dumps(self.env_kwargs),
+            "--max_turns",
+            str(self.max_turns),
+            "--max_actions_per_turn",
+            str(self.max_actions_per_turn),
+            "--max_actions",
+            str(self.max_actions),
+            "--max_new_tokens",
+            str(self.max_new_tokens),
+        ]
+
+
+#: The settings chosen by the pilots (see docs/learning-study.md): deterministic 3x3 FrozenLake with the
+#: coordinate observation, one action per turn, 3 turns; and RAGEN's two-armed bandit (one answer).
+SETTINGS: dict[str, EnvSetting] = {
+    "FrozenLake": EnvSetting(
+        "FrozenLake",
+        "llmgym/CoordFrozenLake-v0",
+        {"success_rate": 1.0, "size": 3},
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_actions=3,
+    ),
+    "Bandit": EnvSetting("Bandit", "llmgym/Bandit-v0"),
+}
+
+#: Conditions at equal generation budget: the filter only decides which groups enter the update.
+CONDITIONS: dict[str, list[str]] = {
+    "no_filter": ["--filter_strategy", "off"],
+    "snr_top_p_0.9": ["--filter_strategy", "top_p", "--filter_value", "0.9"],
+}
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+def split_records(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Success and valid-answer rate of each training round (``meta["mode"] == "train"``), by step."""
+    train: dict[int, list[Any]] = {}
+    for r in records:
+        if r.meta.get("mode") == "train":
+            train.setdefault(int(r.meta.get("step", -1)), []).append(r)
+    curve = []
+    for step in sorted(train):
+        o = episode_outcomes(train[step])
+        curve.append(
+            {
+                "step": step,
+                "episodes": o["episodes"],
+                "success": o["successes"] / o["episodes"],
+                "valid": o["valid_episodes"] / o["episodes"],
+            }
+        )
+    return curve
+
+
+def held_out_eval(
+    model: str, setting: EnvSetting, seeds: Sequence[int], *, temperature: float = 0.5, batch_size: int = 32
+) -> dict[str, Any]:
+    """Play ``seeds`` once each with ``model`` (sampling at ``temperature``, RAGEN's validation setting) in the
+    chat format of llmgym-train's CPU runs (answer-only, one demonstration turn) and summarise.
+
+    Generation only, through :class:`HFPolicy`: TRL's ``evaluate`` would also compute a loss on every
+    evaluation batch, which costs as much again on CPU."""
+    import torch
+    from llm_gym.trainer.policies import HFPolicy, SamplingParams
+
+    from llm_gym.agent.chat import ChatFormat
+    from llm_gym.agent.rollout import rollout
+
+    torch.manual_seed(0)  # the same sampling stream for every model evaluated
+    policy = HFPolicy.from_pretrained(
+        model,
+        SamplingParams(temperature, 1.0, setting.max_new_tokens),
+        batch_size=batch_size,
+        device="cpu",
+        dtype="float32",
+    )
+    records = rollout(
+        setting.env,
+        list(seeds),
+        policy,
+        env_kwargs=setting.env_kwargs_with_limits(),
+        chat=ChatFormat(one_shot=True),
+    )
+    return outcome_summary(records)
+
+
+def run_once(
+    setting: EnvSetting,
+    condition: str,
+    seed: int,
+    *,
+    model: str,
+    out_dir: Path,
+    common: Sequence[str],
+    max_steps: int,
+    eval_seeds: Sequence[int],
+) -> dict[str, Any]:
+    """One ``llmgym-train`` run (no in-training evaluation), then :func:`held_out_eval` of its final model;
+    returns the training curve and the evaluation (raises on a failed run)."""
+    from llm_gym.trainer.cli import main as train_main
+
+    run_dir = out_dir / f"{setting.name}-{condition}-seed{seed}"
+    argv = [
+        *setting.train_args(),
+        *CONDITIONS[condition],
+        "--model",
+        model,
+        *common,
+        "--max_steps",
+        str(max_steps),
+        "--seed",
+        str(seed),
+        "--train_seed",
+        str(10_000 + 1_000 * seed),
+        "--num_eval_seeds",
+        "0",
+        "--output_dir",
+        str(run_dir),
+    ]
+    t0 = time.perf_counter()
+    rc = train_main(argv)
+    train_wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"llmgym-train exited with {rc}: {shlex.join(argv)}")
+    curve = split_records(read_records(run_dir / "episodes.jsonl"))
+    t1 = time.perf_counter()
+    after = held_out_eval(str(run_dir / "final"), setting, eval_seeds)
+    return {
+        "condition": condition,
+        "seed": seed,
+        "argv": shlex.join(argv),
+        "train_wall_seconds": round(train_wall, 1),
+        "eval_wall_seconds": round(time.perf_counter() - t1, 1),
+        "curve": curve,
+        "after": after,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+def _fmt(s: dict[str, Any]) -> str:
+    return format_rate(s, 2) if s["n"] else "- (n=0)"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """One table per environment: the untrained model, then success, valid answers and success among valid
+    answers after training, per run, against the random valid-action baseline on the same held-out seeds."""
+    out = []
+    for env_name, env in results["envs"].items():
+        b, st = env["baseline"], env["setting"]
+        ref = f"random valid-action policy {_fmt(b['random'])}" if b["random"] else "no random baseline"
+        if b["optimum"]:
+            ref += f"; solver optimum {_fmt(b['optimum'])}"
+        out += [
+            f"### {env_name}",
+            "",
+            f"`{st['env']}` with `{json.dumps(st['env_kwargs'])}`, {st['max_turns']} turn(s) x "
+            f"{st['max_actions_per_turn']} action, {st['max_new_tokens']} tokens per reply. Held-out seeds "
+            f"{env['eval_seeds'][0]}..{env['eval_seeds'][1]} ({env['num_eval_seeds']}). Reference on the same seeds "
+            f"and limits: {ref}. Intervals: Wilson 95%.",
+            "",
+            "| model | success | valid answers | success among valid | success / random |",
+            "|---|---|---|---|---|",
+        ]
+        rows = [("untrained", env.get("untrained"))] + [
+            (
+                f"{r['condition']}, seed {r['seed']}, after {results['settings']['max_steps']} steps",
+                r["after"],
+            )
+            for r in env["runs"]
+        ]
+        for label, ev in rows:
+            if ev is None:
+                continue
+            rate = ev["success"]["rate"]
+            ratio = f"{rate / b['random']['rate']:.2f}" if b["random"] and b["random"]["rate"] else "-"
+            out.append(
+                f"| {label} | {_fmt(ev['success'])} | {_fmt(ev['valid'])} | {_fmt(ev['success_given_valid'])} "
+                f"| {ratio} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Success and valid-answer rate of the training rounds vs step, one line per run; the random baseline's
+    interval as a band; held-out evaluations (untrained at step 0, each run at the end) as dots with 95% CIs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(results["envs"])
+    fig, axes = plt.subplots(2, len(envs), figsize=(5.5 * len(envs), 6.5), squeeze=False)
+    colors = {"no_filter": "tab:blue", "snr_top_p_0.9": "tab:orange"}
+    steps = results["settings"]["max_steps"]
+
+    def dot(ax: Any, x: float, s: dict[str, Any], color: str) -> None:
+        err = [[s["rate"] - s["ci"][0]], [s["ci"][1] - s["rate"]]]
+        ax.errorbar([x], [s["rate"]], yerr=err, fmt="o", ms=4, color=color, capsize=2)
+
+    for j, env_name in enumerate(envs):
+        env = results["envs"][env_name]
+        for i, key in enumerate(("success", "valid")):
+            ax = axes[i][j]
+            if key == "success" and env["baseline"]["random"]:
+                lo, hi = env["baseline"]["random"]["ci"]
+                ax.axhspan(lo, hi, color="grey", alpha=0.25, label="random valid actions (95% CI)")
+            if env.get("untrained"):
+                dot(ax, -0.3, env["untrained"][key], "black")
+            for k, r in enumerate(env["runs"]):
+                c = colors.get(r["condition"], "tab:green")
+                ax.plot(
+                    [p["step"] for p in r["curve"]],
+                    [p[key] for p in r["curve"]],
+                    "-" if r["seed"] == results["settings"]["train_seeds"][0] else "--",
+                    color=c,
+                    lw=1,
+                    alpha=0.8,
+                    label=f"{r['condition']} seed {r['seed']}",
+                )
+                dot(ax, steps + 0.15 * (k + 1), r["after"][key], c)
+            ax.set_ylim(-0.02, 1.02)
+            what = "success" if key == "success" else "valid-answer rate"
+            ax.set_title(f"{env_name}: {what}", fontsize=10)
+            ax.set_xlabel("step (lines: training rounds; dots: held-out eval, 95% CI)", fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[0][j].legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ main
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny random model, 1 step, 4 eval seeds (seconds)")
+    p.add_argument(
+        "--model", default="smollm2", help="model for llmgym-train (default: offline SmolLM2-135M)"
+    )
+    p.add_argument("--envs", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
+    p.add_argument("--train-seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--max-steps", type=int, default=10)
+    p.add_argument("--num-prompts", type=int, default=2, help="P: seeds per step")
+    p.add_argument("--num-generations", type=int, default=8, help="G: rollouts per seed")
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--num-eval-seeds", type=int, default=128)
+    p.add_argument("--eval-seed", type=int, default=HELD_OUT_SEED, help="first held-out evaluation seed")
+    p.add_argument("--work-dir", default=None, help="where the runs go (default: a temporary folder)")
+    p.add_argument("--out-dir", default="docs/data", help="results JSON goes here")
+    p.add_argument("--png", default="docs/img/learning_study.png")
+    p.add_argument("--md", default=None, help="markdown table file (default: OUT_DIR/learning_study.md)")
+    p.add_argument(
+        "--env-eval-seeds",
+        nargs="*",
+        default=[],
+        metavar="ENV=N",
+        help="held-out seeds for one environment instead of --num-eval-seeds (e.g. FrozenLake=32)",
+    )
+    a = p.parse_args(argv)
+    a.md = a.md or str(Path(a.out_dir) / "learning_study.md")
+    try:
+        a.env_eval_seeds = {k: int(v) for k, v in (item.split("=", 1) for item in a.env_eval_seeds)}
+    except ValueError:
+        raise SystemExit(f"--env-eval-seeds expects ENV=N items, got {a.env_eval_seeds}") from None
+    if a.quick:
+        a.max_steps, a.num_eval_seeds, a.train_seeds, a.env_eval_seeds = 1, 4, a.train_seeds[:1], {}
+        a.num_prompts, a.num_generations = 2, 2
+    if a.max_steps < 1 or a.num_eval_seeds < 1 or a.num_prompts < 1 or a.num_generations < 2:
+        raise SystemExit(
+            "need --max-steps >= 1, --num-eval-seeds >= 1, --num-prompts >= 1, --num-generations >= 2"
+        )
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    t0 = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory(prefix="learning_study_")
+    work = Path(a.work_dir or tmp.name)
+    model = a.model
+    if a.quick:
+        from tests._tiny import build_tiny_model
+
+        model = build_tiny_model(work / "tiny-model")
+    common = [
+        "--num_prompts", str(a.num_prompts), "--num_generations", str(a.num_generations),
+        "--learning_rate", str(a.learning_rate), "--mi_every", "0", "--save_strategy", "no",
+        "--report_to", "none", "--disable_tqdm", "True", "--gradient_checkpointing", "False",
+    ]  # fmt: skip
+    results: dict[str, Any] = {
+        "command": "python benchmarks/learning_study.py "
+        + shlex.join(list(argv if argv is not None else sys.argv[1:])),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "settings": {
+            "model": "tiny random (quick)" if a.quick else a.model,
+            "max_steps": a.max_steps,
+            "num_prompts": a.num_prompts,
+            "num_generations": a.num_generations,
+            "learning_rate": a.learning_rate,
+            "num_eval_seeds": a.num_eval_seeds,
+            "first_eval_seed": a.eval_seed,
+            "train_seeds": a.train_seeds,
+            "conditions": {c: CONDITIONS[c] for c in a.conditions},
+            "common_args": common,
+        },
+        "envs": {},
+    }
+    for env_name in a.envs:
+        s = SETTINGS[env_name]
+        n_eval = a.env_eval_seeds.get(env_name, a.num_eval_seeds)
+        eval_seeds = list(range(a.eval_seed, a.eval_seed + n_eval))
+        base = baseline_success(
+            s.env,
+            eval_seeds,
+            {**s.env_kwargs, "think": False},  # CPU runs answer without <think>: the baseline does the same
+            s.max_turns,
+            max_actions_per_turn=s.max_actions_per_turn,
+            max_actions=s.max_actions,
+        )
+        env_res: dict[str, Any] = {
+            "setting": asdict(s),
+            "num_eval_seeds": n_eval,
+            "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
+            "baseline": base,
+            "runs": [],
+        }
+        results["envs"][env_name] = env_res
+        t1 = time.perf_counter()
+        env_res["untrained"] = held_out_eval(model, s, eval_seeds)
+        env_res["untrained_eval_wall_seconds"] = round(time.perf_counter() - t1, 1)
+        rb = base["random"]["rate"] if base["random"] else math.nan
+        print(
+            f"[learning_study] {env_name} untrained: {format_outcomes(env_res['untrained'])} "
+            f"(random valid {rb:.3f}), {env_res['untrained_eval_wall_seconds']:.0f}s",
+            flush=True,
+        )
+        # seeds outermost, so that a study cut short still has both conditions at equal numbers of seeds
+        for seed in a.train_seeds:
+            for cond in a.conditions:
+                r = run_once(s, cond, seed, model=model, out_dir=work, common=common, max_steps=a.max_steps,
+                             eval_seeds=eval_seeds)  # fmt: skip
+                env_res["runs"].append(r)
+                after = r["after"]["success"]["rate"]
+                print(
+                    f"[learning_study] {env_name} {cond} seed {seed}: {format_outcomes(r['after'])}; after/random "
+                    f"{after / rb if rb else math.nan:.2f}; train {r['train_wall_seconds']:.0f}s, "
+                    f"eval {r['eval_wall_seconds']:.0f}s",
+                    flush=True,
+                )
+                results["wall_seconds"] = round(time.perf_counter() - t0, 1)
+                write_outputs(results, a)  # after every run: a study cut short keeps what it ran
+    results["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    write_outputs(results, a)
+    print(
+        f"[learning_study] wrote {a.out_dir}/learning_study.json, {a.png}, {a.md} in {results['wall_seconds']:.0f}s"
+    )
+    tmp.cleanup()
+    return results
+
+
+def write_outputs(results: dict[str, Any], a: argparse.Namespace) -> None:
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "learning_study.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    plot(results, Path(a.png))
+    md = Path(a.md)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(
+        f"Command: `{results['command']}`  \nDate: {results['date']}, wall time {results['wall_seconds']:.0f} s\n\n"
+        + markdown_table(results),
+        encoding="utf-8",
+    )
+
+
+if __name__ == "__main__":
+    main()

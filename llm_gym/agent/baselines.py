@@ -1,0 +1,347 @@
+"""Reference points for a success rate: a random valid-action policy and the solver's optimum, on given seeds.
+
+A trained model's success only means something beside what chance reaches under the same seeds and limits. The
+random valid-action policy plays, every turn, a well-formed answer drawn uniformly at random from what the
+environment accepts (no reasoning): ``actions_per_turn`` uniform action names for action environments, a random
+arm for Bandit, a random expression over the given numbers for Countdown. For free-text answer environments
+(MetaMathQA) a random answer is meaningless and no baseline is given.
+
+The optimum is the share of seeds a perfect player solves within the turn and action limits: from the solver's
+optimal length for Sokoban, a breadth-first search for deterministic FrozenLake, the solvability of the puzzle for
+Countdown, and 1 for Bandit (always pick the high-risk arm). It is ``None`` where no exact optimum is known
+(slippery FrozenLake).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from llm_gym.core.parsing import ACTION_SEP, format_response
+
+#: Countdown operators the random expression draws from.
+_OPS = ("+", "-", "*", "/")
+
+
+class NoBaseline(ValueError):
+    """The environment has no meaningful random valid-action baseline (free-text answers)."""
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% for ``z=1.96``); ``(0, 1)`` when ``n == 0``."""
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if z <= 0:
+        raise ValueError(f"z must be > 0, got {z}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact bounds at the extremes (no rounding)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def rate_with_interval(successes: int, n: int, z: float = 1.96) -> dict[str, Any]:
+    """``{"successes", "n", "rate", "ci"}`` with the Wilson interval (``rate`` 0 when ``n == 0``)."""
+    lo, hi = wilson_interval(successes, n, z)
+    return {"successes": successes, "n": n, "rate": successes / n if n else 0.0, "ci": [lo, hi]}
+
+
+def episode_outcomes(records: Sequence[Any]) -> dict[str, Any]:
+    """Counts that separate the answer format from the task: episodes, successes, fully valid episodes (every
+    turn a valid answer) and the successes among those, plus the mean per-turn valid-action rate.
+
+    ``records`` are :class:`llm_gym.agent.records.EpisodeRecord` (``success``, ``turns[i].info``).
+    """
+    n = wins = valid = valid_wins = 0
+    turn_rate = 0.0
+    for r in records:
+        flags = [bool(t.info.get("action_is_valid", False)) for t in r.turns]
+        all_valid = bool(flags) and all(flags)
+        n += 1
+        wins += bool(r.success)
+        valid += all_valid
+        valid_wins += all_valid and bool(r.success)
+        turn_rate += sum(flags) / len(flags) if flags else 0.0
+    return {
+        "episodes": n,
+        "successes": wins,
+        "valid_episodes": valid,
+        "valid_successes": valid_wins,
+        "valid_action_rate": turn_rate / n if n else 0.0,
+    }
+
+
+def outcome_summary(records: Sequence[Any], z: float = 1.96) -> dict[str, Any]:
+    """Success, valid-answer rate (fully valid episodes) and success among fully valid episodes, each with its
+    Wilson interval, and the per-turn valid-action rate."""
+    o = episode_outcomes(records)
+    return {
+        "success": rate_with_interval(o["successes"], o["episodes"], z),
+        "valid": rate_with_interval(o["valid_episodes"], o["episodes"], z),
+        "success_given_valid": rate_with_interval(o["valid_successes"], o["valid_episodes"], z),
+        "valid_action_rate": o["valid_action_rate"],
+    }
+
+
+def format_rate(s: Mapping[str, Any], digits: int = 3) -> str:
+    """``0.250 [0.133, 0.421]`` (or ``- (n=0)``) for a :func:`rate_with_interval` dict."""
+    if not s["n"]:
+        return "- (n=0)"
+    return f"{s['rate']:.{digits}f} [{s['ci'][0]:.{digits}f}, {s['ci'][1]:.{digits}f}]"
+
+
+def format_outcomes(o: Mapping[str, Any]) -> str:
+    """One line for :func:`outcome_summary`: success, valid answers and success among valid answers."""
+    return (
+        f"success {format_rate(o['success'])}, valid answers {format_rate(o['valid'], 2)}, "
+        f"success among valid {format_rate(o['success_given_valid'], 2)}"
+    )
+
+
+def evaluation_report(
+    env_id: str,
+    seeds: Sequence[int],
+    env_kwargs: Mapping[str, Any] | None,
+    records: Sequence[Any],
+    *,
+    samples: int = 1,
+    z: float = 1.96,
+) -> dict[str, Any]:
+    """The baselines on ``seeds`` and, for each evaluation round in ``records`` (grouped by ``meta["step"]``,
+    in step order), its :func:`outcome_summary`. ``env_kwargs`` must hold the run's turn/action limits."""
+    rounds: dict[int, list[Any]] = {}
+    for r in records:
+        rounds.setdefault(int(r.meta.get("step", 0)), []).append(r)
+    return {
+        "env": env_id,
+        "seeds": [int(seeds[0]), int(seeds[-1])] if len(seeds) else [],
+        "env_kwargs": dict(env_kwargs or {}),
+        "baseline": baseline_success(env_id, seeds, env_kwargs, samples=samples, z=z),
+        "evals": [{"step": s, **outcome_summary(rounds[s], z)} for s in sorted(rounds)],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ policy
+def _kind(env: Any) -> str:
+    from llm_gym.envs.bandit import BanditEnv
+    from llm_gym.envs.countdown import CountdownEnv
+
+    if isinstance(env, BanditEnv):
+        return "bandit"
+    if isinstance(env, CountdownEnv):
+        return "countdown"
+    if getattr(env, "action_names", None):
+        return "actions"
+    return "free_text"
+
+
+def _random_expression(nums: Sequence[int], rng: np.random.Generator, allow_unused: bool) -> str:
+    """A random left-nested expression over ``nums`` (all of them, or a random non-empty subset)."""
+    order = [int(nums[i]) for i in rng.permutation(len(nums))]
+    if allow_unused and len(order) > 1:
+        order = order[: int(rng.integers(1, len(order) + 1))]
+    expr = str(order[0])
+    for i, x in enumerate(order[1:]):
+        op = _OPS[int(rng.integers(len(_OPS)))]
+        expr = f"({expr} {op} {x})" if i < len(order) - 2 else f"{expr} {op} {x}"
+    return expr
+
+
+def random_valid_policy(env: Any, rng: np.random.Generator, actions_per_turn: int | None = None) -> str:
+    """One random well-formed response for ``env``'s current state (``env`` may be wrapped).
+
+    Action environments: ``actions_per_turn`` (default: the env's per-turn limit) uniform action names. Bandit:
+    one of the two shown arms. Countdown: a random expression over the shown numbers. Raises
+    :class:`NoBaseline` for free-text answer environments. Draws only from ``rng``, never the env's RNG.
+    """
+    env = getattr(env, "unwrapped", env)
+    kind = _kind(env)
+    think = bool(getattr(env, "think", False))
+    if kind == "bandit":
+        arms = tuple(env.arms)
+        if not arms[0]:
+            raise ValueError("reset the Bandit env before asking for an action")
+        return format_response([arms[int(rng.integers(len(arms)))]], "", use_think=think)
+    if kind == "countdown":
+        if not env.nums:
+            raise ValueError("reset the Countdown env before asking for an action")
+        return format_response([_random_expression(env.nums, rng, env.allow_unused)], "", use_think=think)
+    if kind == "free_text":
+        raise NoBaseline(f"{type(env).__name__} takes free-text answers; a random answer is meaningless")
+    limit = int(env.max_actions_per_turn)
+    k = limit if actions_per_turn is None else int(actions_per_turn)
+    if not 1 <= k <= limit:
+        raise ValueError(f"actions_per_turn must be in [1, {limit}] (the env's per-turn limit), got {k}")
+    names = env.action_names
+    acts = [names[int(i)] for i in rng.integers(0, len(names), size=k)]
+    return format_response(acts, "", use_think=think, sep=env.action_sep or ACTION_SEP)
+
+
+# ------------------------------------------------------------------------------------------------ optimum
+def _frozen_lake_shortest(desc: Sequence[str]) -> int | None:
+    """Moves from S to G avoiding holes (deterministic moves; bumping a wall is a wasted move), or None."""
+    rows, cols = len(desc), len(desc[0])
+    flat = "".join(desc)
+    start = divmod(flat.index("S"), cols)
+    dist = {start: 0}
+    queue = deque([start])
+    while queue:
+        r, c = queue.popleft()
+        if desc[r][c] == "G":
+            return dist[(r, c)]
+        for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < rows and 0 <= nc < cols and (nr, nc) not in dist and desc[nr][nc] != "H":
+                dist[(nr, nc)] = dist[(r, c)] + 1
+                queue.append((nr, nc))
+    return None
+
+
+def fits_limits(length: int | None, max_turns: int, max_actions_per_turn: int, max_actions: int) -> bool:
+    """Whether a plan of ``length`` actions fits the episode's action budget and turn limit."""
+    if length is None:
+        return False
+    return length <= max_actions and math.ceil(length / max_actions_per_turn) <= max_turns
+
+
+def optimum_solves(env: Any, info: Mapping[str, Any]) -> bool | None:
+    """Whether a perfect player solves the episode just reset (``info`` from ``reset``); None if unknown."""
+    from llm_gym.envs.frozen_lake import FrozenLakeEnv
+    from llm_gym.envs.sokoban import SokobanEnv
+
+    env = getattr(env, "unwrapped", env)
+    kind = _kind(env)
+    if kind == "bandit":
+        return True
+    if kind == "countdown":
+        return info.get("solution") is not None
+    limits = (int(env.max_turns), int(env.max_actions_per_turn), int(env.max_actions))
+    if isinstance(env, SokobanEnv):
+        length = info.get("optimal_length")
+        return fits_limits(length, *limits) if info.get("solver_status") == "solved" else None
+    if isinstance(env, FrozenLakeEnv):
+        if env.success_rate < 1.0:
+            return None  # slippery: no exact optimum without solving the MDP
+        return fits_limits(_frozen_lake_shortest(info["map"]), *limits)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def _env_kwargs(
+    env_kwargs: Mapping[str, Any] | None,
+    max_turns: int | None,
+    max_actions_per_turn: int | None,
+    max_actions: int | None,
+) -> dict[str, Any]:
+    # The limits first and env_kwargs over them, as LLMGymGRPOConfig.make_env_kwargs does.
+    kw: dict[str, Any] = {}
+    for name, value in (
+        ("max_turns", max_turns),
+        ("max_actions_per_turn", max_actions_per_turn),
+        ("max_actions", max_actions),
+    ):
+        if value is not None:
+            kw[name] = value
+    kw.update(dict(env_kwargs or {}))
+    return kw
+
+
+def baseline_success(
+    env_id: str,
+    seeds: Sequence[int],
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+    *,
+    max_actions_per_turn: int | None = None,
+    max_actions: int | None = None,
+    actions_per_turn: int | None = None,
+    samples: int = 1,
+    rng_seed: int = 0,
+    z: float = 1.96,
+) -> dict[str, Any]:
+    """Random valid-action success and the optimum on ``seeds`` under the same limits as the model's run.
+
+    Returns ``{"random": {...} | None, "optimum": {...} | None, "reason": str | None}`` where each part holds
+    ``successes``, ``n``, ``rate`` and the Wilson ``ci``; ``random`` also ``actions_per_turn`` and
+    ``mean_turns``. Episode ``(seed, sample)`` draws from ``default_rng([rng_seed, seed, sample])``, so the
+    result does not depend on the order or number of seeds asked for.
+    """
+    from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    kw = _env_kwargs(env_kwargs, max_turns, max_actions_per_turn, max_actions)
+    env = make_env(env_id, kw)
+    wins = episodes = turns = solvable = known = 0
+    reason = None
+    try:
+        for seed in seeds:
+            for sample in range(samples):
+                _, info = env.reset(seed=int(seed))
+                if sample == 0:
+                    ok = optimum_solves(env, info)
+                    if ok is not None:
+                        known += 1
+                        solvable += bool(ok)
+                if reason is not None:
+                    continue
+                rng = np.random.default_rng([rng_seed, int(seed), sample])
+                done, t = False, 0
+                try:
+                    while not done and t < MAX_TURNS_GUARD:
+                        _, _, term, trunc, info = env.step(random_valid_policy(env, rng, actions_per_turn))
+                        done, t = term or trunc, t + 1
+                except NoBaseline as e:
+                    reason = str(e)
+                    continue
+                episodes += 1
+                turns += t
+                wins += bool(info.get("success", False))
+    finally:
+        env.close()
+    random_part = None
+    if reason is None:
+        random_part = {
+            **rate_with_interval(wins, episodes, z),
+            "actions_per_turn": actions_per_turn or getattr(env.unwrapped, "max_actions_per_turn", 1),
+            "mean_turns": turns / episodes if episodes else 0.0,
+        }
+    optimum = rate_with_interval(solvable, known, z) if known == len(seeds) and known else None
+    return {"random": random_part, "optimum": optimum, "reason": reason}
+
+
+def format_baseline(b: Mapping[str, Any]) -> str:
+    """``random valid 0.125 [0.050, 0.270], optimum 0.900 [...]`` for a summary line."""
+    parts = []
+    if b.get("random"):
+        parts.append(f"random valid {format_rate(b['random'])}")
+    elif b.get("reason"):
+        parts.append("no random baseline")
+    if b.get("optimum"):
+        parts.append(f"optimum {format_rate(b['optimum'])}")
+    return ", ".join(parts)
+
+
+__all__ = [
+    "NoBaseline",
+    "baseline_success",
+    "episode_outcomes",
+    "evaluation_report",
+    "format_outcomes",
+    "format_rate",
+    "outcome_summary",
+    "fits_limits",
+    "format_baseline",
+    "optimum_solves",
+    "random_valid_policy",
+    "rate_with_interval",
+    "wilson_interval",
+]

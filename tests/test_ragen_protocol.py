@@ -1,0 +1,240 @@
+"""RAGEN's protocol as named options: parsing and valid-subset execution, dynamics seeds, FrozenLake id,
+Countdown data rules, MetaMathQA strict grading, and the chat style (fixture rendered by RAGEN's formatting)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llm_gym  # noqa: F401
+from llm_gym.agent.chat import ChatFormat, Conversation
+from llm_gym.core.parsing import RAGEN_SPECIAL_TOKENS, parse_ragen_response
+from llm_gym.envs.countdown.arith import plus_minus_solvable
+from llm_gym.envs.metamathqa.math_check import is_equivalent
+from llm_gym.envs.task_data import DatasetUnavailableError
+
+# RAGEN's own pattern (ragen/llm_agent/ctx_manager.py, _parse_response): the specification parse_ragen_response
+# must agree with.
+_RAGEN_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_PIECES = [
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "<THINK>",
+    " ",
+    "\n",
+    "\t",
+    "||",
+    "Up",
+    "x",
+    "<|im_end|>",
+]
+
+
+def _ragen_reference(text: str):
+    m = _RAGEN_RE.search(text)
+    if m is None:
+        return None
+    think, answer = m.group(1), m.group(2)
+    for token in RAGEN_SPECIAL_TOKENS:
+        answer = answer.replace(token, "").strip()
+        think = think.replace(token, "").strip()
+    return think, answer, [a.strip() for a in answer.split("||") if a.strip()]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES) | st.text(max_size=3), max_size=14).map("".join))
+def test_ragen_parser_agrees_with_ragens_regex(text):
+    ref = _ragen_reference(text)
+    got = parse_ragen_response(text)
+    if ref is None:
+        assert not got.ok
+    else:
+        think, answer, actions = ref
+        assert (got.think, got.answer) == (think, answer)
+        assert got.ok == bool(actions) and list(got.actions) == actions
+
+
+def test_ragen_parser_is_case_sensitive_and_strict_between_blocks():
+    assert parse_ragen_response("<think>a</think>\n <answer>Up</answer>").actions == ("Up",)
+    assert not parse_ragen_response("<THINK>a</THINK><ANSWER>Up</ANSWER>").ok
+    assert not parse_ragen_response("<think>a</think> so: <answer>Up</answer>").ok
+    assert (
+        parse_ragen_response("<answer>Up || Left || Down</answer>", think=False, max_actions=2).dropped == 1
+    )
+
+
+def test_ragen_parser_is_linear_on_hostile_text():
+    text = "<think>" + "</think>x" * 100_000  # quadratic for a backtracking lazy regex
+    assert not parse_ragen_response(text).ok
+
+
+def test_valid_subset_execution_in_ragen_mode_only():
+    reply = "<think>t</think><answer>Up || Jump</answer>"
+    ragen = gym.make("llmgym/Sokoban-v0", parse_mode="ragen")
+    ragen.reset(seed=0)
+    _, reward, _, _, info = ragen.step(reply)
+    assert info["actions"] == ["Up"] and not info["action_is_valid"]
+    assert info["reward_components"]["format_penalty"] == pytest.approx(-0.1)
+    ours = gym.make("llmgym/Sokoban-v0")
+    ours.reset(seed=0)
+    _, _, _, _, info = ours.step(reply)
+    assert info["actions"] == [] and not info["action_is_valid"]
+    with pytest.raises(ValueError, match="parse_mode"):
+        gym.make("llmgym/Sokoban-v0", parse_mode="strict")
+
+
+# --------------------------------------------------------------------------------------- dynamics seeds
+def _bandit_payouts(dynamics: bool, seed: int) -> tuple[set, list[float]]:
+    env = gym.make("llmgym/Bandit-v0").unwrapped
+    starts, payouts = set(), []
+    for member in range(16):
+        opts = {"dynamics_seed": member} if dynamics else None
+        obs, _ = env.reset(seed=seed, options=opts)
+        starts.add(obs)
+        _, reward, *_ = env.step(f"<think>t</think><answer>{env.high_arm}</answer>")
+        payouts.append(reward)
+    return starts, payouts
+
+
+def test_dynamics_seed_gives_group_members_their_own_bandit_payouts():
+    differing = 0
+    for seed in range(20):
+        starts, payouts = _bandit_payouts(True, seed)
+        assert len(starts) == 1  # every member starts from the same state
+        differing += len(set(payouts)) > 1
+        shared_starts, shared = _bandit_payouts(False, seed)
+        assert len(set(shared)) == 1 and shared_starts == starts
+    assert differing >= 15  # P(16 equal payouts) = 0.25**16 + 0.75**16, about 1%
+
+
+def test_dynamics_seed_gives_frozen_lake_members_their_own_slips_and_is_reproducible():
+    env = gym.make("llmgym/FrozenLake-v0").unwrapped
+
+    def trace(member):
+        obs, _ = env.reset(seed=5, options={"dynamics_seed": member})
+        seq = [obs]
+        for _ in range(4):
+            seq.append(env.step("<think>t</think><answer>Down || Right</answer>")[0])
+        return seq
+
+    traces = [trace(m) for m in range(8)]
+    assert len({t[0] for t in traces}) == 1 and len({tuple(t) for t in traces}) > 1
+    assert trace(3) == trace(3)  # same seed and options, same episode
+    with pytest.raises(ValueError, match="dynamics_seed"):
+        env.reset(seed=0, options={"dynamics_seed": -1})
+
+
+def test_coord_frozen_lake_deterministic_id():
+    env = gym.make("llmgym/CoordFrozenLakeDeterministic-v0").unwrapped
+    assert env.success_rate == 1.0 and env.observation_format == "grid_coord"
+    assert gym.make("llmgym/CoordFrozenLake-v0").unwrapped.success_rate == 0.8
+
+
+# ------------------------------------------------------------------------------------------- Countdown
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=5), st.integers(-100, 100))
+def test_plus_minus_solvable_matches_brute_force(nums, target):
+    from itertools import product
+
+    brute = any(
+        sum(s * n for s, n in zip(signs, nums)) == target for signs in product((1, -1), repeat=len(nums))
+    )
+    assert plus_minus_solvable(nums, target) == brute
+
+
+def test_generated_plus_minus_puzzles_are_all_plus_minus_solvable():
+    env = gym.make("llmgym/Countdown-v0", operators="+-").unwrapped
+    counts = set()
+    for seed in range(60):
+        env.reset(seed=seed)
+        counts.add(len(env.nums))
+        assert plus_minus_solvable(env.nums, env.target) and 10 <= env.target <= 100
+    assert counts == {3, 4}
+
+
+def test_ragen_data_rules_on_a_local_file(tmp_path):
+    rows = [
+        {"target": 10, "nums": [3, 7, 1]},  # not +/- solvable
+        {"target": 5, "nums": [2, 3]},
+        {"target": 6, "nums": [1, 2, 3]},
+        {"target": 4, "nums": [1, 5]},  # beyond max_rows
+    ]
+    path = tmp_path / "cd.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    env = gym.make(
+        "llmgym/Countdown-v0",
+        dataset=str(path),
+        operators="+-",
+        max_rows=3,
+        index_by="seed",
+        parse_mode="ragen",
+    ).unwrapped
+    shown = [env.reset(seed=s)[0] for s in range(4)]
+    assert shown == ["Target: 5, nums: [2, 3]", "Target: 6, nums: [1, 2, 3]"] * 2
+    env.reset(seed=0)
+    _, reward, *_ = env.step("<think>t</think><answer>2 + 3 = 5</answer>")
+    assert reward == 0.0  # RAGEN rejects "="
+    ours = gym.make("llmgym/Countdown-v0", dataset=str(path)).unwrapped
+    ours.reset(options={"index": 1})
+    assert ours.step("<think>t</think><answer>2 + 3 = 5</answer>")[1] == 1.0
+
+
+def test_ragen_dataset_offline_is_a_clear_error():
+    with pytest.raises(DatasetUnavailableError, match="Countdown-Tasks-3to4"):
+        gym.make("llmgym/Countdown-v0", dataset="ragen")
+    with pytest.raises(ValueError, match="fixes"):
+        gym.make("llmgym/Countdown-v0", dataset="ragen", operators="+-*/")
+
+
+# ----------------------------------------------------------------------------------------- MetaMathQA
+def _ragen_check(answer: str, gold: str) -> bool:
+    # ragen/env/metamathqa/env.py, _check_answer (the gold answer is stripped when it is extracted)
+    gold = gold.strip()
+    norm = re.sub(r"\s+", "", answer.strip().lower())
+    return bool(gold) and norm == re.sub(r"\s+", "", gold.lower())
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=20), st.text(max_size=20))
+def test_strict_grading_equals_ragens_rule(answer, gold):
+    assert is_equivalent(answer, gold, strict=True) == _ragen_check(answer, gold)
+    assert is_equivalent(gold + " \n", gold, strict=True) == _ragen_check(gold + " \n", gold)
+
+
+def test_metamathqa_ragen_turn_limit_allows_format_retries():
+    env = gym.make("llmgym/MetaMathQASample-v0", strict=True, max_turns=5)
+    _, info = env.reset(seed=0)
+    for _ in range(4):
+        _, _, term, trunc, _ = env.step("no tags")
+        assert not (term or trunc)
+    _, reward, term, _, _ = env.step(f"<think>t</think><answer>{info['gold_answer']}</answer>")
+    assert term and reward == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- chat
+_FIXTURE = Path(__file__).parent / "data" / "ragen_chat.json"
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozen_lake"])
+def test_ragen_chat_style_renders_ragens_text(name):
+    # The fixture holds the messages RAGEN's prompt code (ctx_manager.py) builds for these states and replies.
+    case = json.loads(_FIXTURE.read_text(encoding="utf-8"))[name]
+    env = gym.make(case["env_id"], parse_mode="ragen")
+    fmt = ChatFormat(style="ragen")
+    conv = Conversation(env, fmt)
+    obs, _ = env.reset(seed=case["seed"])
+    conv.add_observation(obs)
+    for reply in case["replies"]:
+        conv.add_reply(reply)
+        obs, reward, _, _, info = env.step(reply)
+        conv.add_observation(obs, reward=reward, info=info)
+    assert conv.messages() == case["messages"]
+    assert fmt.generation_prefix == case["generation_suffix"] == "<think>"
+    assert ChatFormat().generation_prefix == ""

@@ -1,0 +1,301 @@
+"""Trainer glue for the RAGEN-2 signal tools: MI collapse metrics and the SNR group filter, once per round.
+
+The GRPO trainer calls :func:`after_scoring` once per training generation round, right after TRL scored the
+batch (and after the ``compute_advantages`` hook), with the round's episode rewards and its
+:class:`SignalState`. Per round:
+
+1. every ``mi_every`` rounds (and the first), MI metrics on the UNFILTERED batch (``mi/...``);
+2. the filter decides on the gathered (global) rewards, so every process agrees;
+3. dropped rows leave the batch (``filter_drop="remove"``), so they cost no forward/backward in the
+   update, or only lose their loss weight (``"mask"``); ``num_items_in_batch`` is recomputed;
+4. an empty selection marks the round as skipped: :class:`llm_gym.trainer.callbacks.SkipUpdateCallback` sets
+   the gradients to None before ``optimizer.step()`` and ``EmptyStopCallback`` stops after
+   ``filter_empty_stop_steps`` consecutive ones.
+
+The math lives in :mod:`llm_gym.trainer.snr_filter`, :mod:`llm_gym.trainer.mutual_info` and
+:mod:`llm_gym.trainer.batch`; this module only wires them. It uses the trainer's public surface only:
+``args``, ``accelerator``, ``model``, ``processing_class``, ``num_generations``, ``temperature``,
+``log_metric(name, value)``, ``last_rollout`` and ``sequence_logps(ids, attention_mask, logits_to_keep)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from llm_gym.trainer import mutual_info as mi
+from llm_gym.trainer import snr_filter as snr
+from llm_gym.trainer.batch import loss_mask, mask_rows, select_rows, trim_completion_columns
+
+
+@dataclass
+class SignalState:
+    """Per-trainer bookkeeping shared by :func:`after_scoring` and the callbacks."""
+
+    rounds: int = 0
+    skip: bool = False
+    consecutive_empty: int = 0
+    skipped_steps: int = 0
+    stop_reason: str | None = None
+    ema: dict[str, mi.EmaState] = field(default_factory=dict)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    token_text: dict[int, str] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)  # last round's signal metrics, for tests/benchmarks
+
+    @classmethod
+    def for_process(cls, seed: int, process_index: int) -> SignalState:
+        """A fresh state whose MI sampling differs across processes but is reproducible per run."""
+        return cls(rng=np.random.default_rng(int(seed) + int(process_index)))
+
+
+def after_scoring(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState) -> dict:
+    """Log MI on the unfiltered batch, then filter groups; returns the batch the loss will see.
+
+    ``rewards`` are the round's episode rewards over all processes, in process order (NaN = unscorable).
+    """
+    args = trainer.args
+    round_idx = state.rounds
+    state.rounds += 1
+    state.last = {}
+
+    if args.mi_every and round_idx % args.mi_every == 0 and (args.mi_first_turn or args.mi_trajectory):
+        log_mi(trainer, batch, state)
+
+    start = time.perf_counter()
+    batch = _filter(trainer, batch, np.asarray(rewards, dtype=np.float64), state)
+    _put(trainer, state, "snr/filter_seconds", time.perf_counter() - start)
+    return batch
+
+
+def _put(trainer: Any, state: SignalState, key: str, value: float) -> None:
+    trainer.log_metric(key, float(value))
+    state.last[key] = float(value)
+
+
+def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> dict:
+    args = trainer.args
+    acc = trainer.accelerator
+    G = trainer.num_generations
+    n_local = out["completion_ids"].shape[0]
+    if rewards.size != n_local * acc.num_processes:
+        raise RuntimeError(
+            f"{rewards.size} gathered rewards for {acc.num_processes} processes x {n_local} rows"
+        )
+    dec = snr.decide(
+        rewards,
+        G,
+        strategy=args.filter_strategy,
+        value=args.filter_value,
+        include_zero=args.filter_include_zero,
+        eps=args.filter_eps,
+        metric=args.filter_metric,
+    )
+    lo = acc.process_index * n_local
+    keep_local = torch.from_numpy(dec.keep_rows(G)[lo : lo + n_local].copy())
+    filtering = args.filter_strategy != "off"
+    st.skip = filtering and dec.skip
+    st.consecutive_empty = st.consecutive_empty + 1 if st.skip else 0
+
+    n_pad = 0
+    if filtering:
+        scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling)
+        if scale != 1.0:
+            out["advantages"] = out["advantages"] * scale
+        spg = int(getattr(args, "steps_per_generation", None) or 1)
+        if args.filter_drop == "remove":
+            # Every process keeps the same number of rows (the most any process kept, in whole micro-batches):
+            # TRL gathers per-row loss metrics, and unequal shapes break that collective (gloo aborts).
+            most = int(dec.keep_rows(G).reshape(acc.num_processes, n_local).sum(1).max())
+            rows_per_process = max(spg, -(-most // spg) * spg)
+            if not bool(keep_local.all()) or n_local % spg:
+                out, n_pad = select_rows(out, keep_local, multiple=rows_per_process)
+                out, _ = trim_completion_columns(out)
+        elif not bool(keep_local.all()):
+            out = mask_rows(out, keep_local)
+        out["num_items_in_batch"] = acc.gather(loss_mask(out).sum()).sum()
+
+    rows = (
+        acc.gather(torch.tensor([out["completion_ids"].shape[0], n_pad], device=acc.device))
+        .view(-1, 2)
+        .sum(0)
+    )
+    var = dec.variances
+    kept = dec.keep_groups
+    _put(trainer, st, "snr/num_groups", kept.size)
+    _put(trainer, st, "snr/kept_groups", kept.sum())
+    _put(trainer, st, "snr/kept_frac", dec.kept_frac)
+    _put(trainer, st, "snr/group_var_before", var.mean() if var.size else math.nan)
+    _put(trainer, st, "snr/group_var_after", var[kept].mean() if kept.any() else math.nan)
+    _put(trainer, st, "snr/zero_var_frac", (var <= snr.ZERO_TOL).mean() if var.size else math.nan)
+    _put(trainer, st, "snr/skipped", float(st.skip))
+    _put(trainer, st, "snr/consecutive_empty", st.consecutive_empty)
+    _put(trainer, st, "snr/update_rows", int(rows[0]))
+    _put(trainer, st, "snr/padding_rows", int(rows[1]))
+    return out
+
+
+# --------------------------------------------------------------------------- MI
+
+
+def _token_texts(tokenizer: Any, ids: list[int], cache: dict[int, str]) -> list[str]:
+    missing = [t for t in set(ids) if t not in cache]
+    if missing:
+        for t, s in zip(missing, tokenizer.batch_decode([[t] for t in missing])):
+            cache[t] = s
+    return [cache[t] for t in ids]
+
+
+def _runs(mask_row: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs of 1s: the model-token span of each turn."""
+    spans, start = [], None
+    for i, v in enumerate(mask_row + [0]):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def episodes_from_batch(
+    trainer: Any, out: dict, st: SignalState, turn_spans: list | None = None
+) -> list[mi.Episode]:
+    """Local samples as ``Episode`` records, with the reasoning span of every turn.
+
+    Turn spans come from ``turn_spans`` (the rollout's, one list per row) when given and aligned with the
+    batch, else from the runs of 1s in the loss mask.
+    """
+    args = trainer.args
+    G = trainer.num_generations
+    tok = trainer.processing_class
+    tok = getattr(tok, "tokenizer", tok)
+    n = out["completion_ids"].shape[0]
+    base = trainer.accelerator.process_index * n
+    if turn_spans is not None and len(turn_spans) != n:
+        turn_spans = None
+    pids, pmask = out["prompt_ids"].tolist(), out["prompt_mask"].tolist()
+    cids, lmask = out["completion_ids"].tolist(), loss_mask(out).int().tolist()
+    episodes = []
+    for b in range(n):
+        prompt = [t for t, m in zip(pids[b], pmask[b]) if m]
+        comp = cids[b]
+        spans = (
+            _runs(lmask[b])
+            if turn_spans is None
+            else [(int(s), min(int(e), len(comp))) for s, e in turn_spans[b]]
+        )
+        reasoning: list[tuple[int, int] | None] = []
+        for s, e in spans:
+            if e <= s:
+                reasoning.append(None)
+                continue
+            texts = (
+                [""] * (e - s) if args.mi_reasoning == "turn" else _token_texts(tok, comp[s:e], st.token_text)
+            )
+            r = mi.reasoning_span(texts, args.mi_reasoning)
+            reasoning.append(None if r is None else (s + r[0], s + r[1]))
+        episodes.append(mi.Episode(prompt, comp, reasoning, group=(base + b) // G))
+    return episodes
+
+
+MI_KEYS = (
+    "retrieval_acc",
+    "retrieval_chance",
+    "retrieval_above_chance",
+    *[f"recall@{k}{s}" for k in mi.RECALL_KS for s in ("", "_chance")],
+    "mi_est",
+    "mi_seq_est",
+    "mi_zscore",
+    "mi_zscore_ema",
+    "mi_seq_zscore",
+    "mi_seq_zscore_ema",
+    "cond_entropy",
+    "marginal_entropy",
+    "matched_logp",
+    "marginal_logp",
+    "marginal_std",
+    "marginal_std_ema",
+    "mi_upper_bound",
+    "num_samples",
+    "num_columns",
+    "valid_rate",
+    "seconds",
+)
+
+
+def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
+    """Cross-score the batch's (prompt, reasoning) pairs and log ``mi/<scope>/<key>`` (scopes: first turn,
+    trajectory). Every process runs the same number of forwards."""
+    from trl.models.utils import disable_gradient_checkpointing
+
+    args, acc = trainer.args, trainer.accelerator
+    tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rollout = trainer.last_rollout
+    episodes = episodes_from_batch(trainer, out, st, rollout.turn_spans if rollout is not None else None)
+    scopes = [("first_turn", mi.sample_first_turn)] if args.mi_first_turn else []
+    scopes += [("trajectory", mi.sample_trajectory)] if args.mi_trajectory else []
+
+    for name, sampler in scopes:
+        start = time.perf_counter()
+        pairs = sampler(episodes, args.mi_num_samples, st.rng)
+        # identical contexts score identically: score each distinct one once, then expand by class
+        unique: list[list[int]] = [[] for _ in set(pairs.column_class.tolist())]
+        for ctx, c in zip(pairs.contexts, pairs.column_class):
+            unique[int(c)] = ctx
+        n_ctx, n_z = len(unique), len(pairs.reasonings)
+        if args.mi_scorer == "cached":
+            local = mi.cached_forwards(unique, n_z, args.mi_batch_size)
+        else:
+            local = mi.num_chunks(n_ctx * n_z, args.mi_batch_size)
+        # every process runs the same number of forwards (sharded models need it)
+        forwards = int(acc.gather(torch.tensor([local], device=acc.device)).max())
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs),
+        ):
+            if args.mi_scorer == "cached":
+                scores, _ = mi.cross_score_cached(
+                    trainer.model,
+                    unique,
+                    pairs.reasonings,
+                    temperature=float(getattr(trainer, "temperature", 1.0) or 1.0),
+                    pad_id=pad_id,
+                    device=acc.device,
+                    batch_size=args.mi_batch_size,
+                    min_forwards=forwards,
+                )
+            else:
+                scores = mi.cross_score(
+                    trainer.sequence_logps,
+                    unique,
+                    pairs.reasonings,
+                    pad_id=pad_id,
+                    device=acc.device,
+                    batch_size=args.mi_batch_size,
+                    min_chunks=forwards,
+                )
+        result = mi.mi_from_scores(
+            scores[:, pairs.column_class],
+            np.array([len(z) for z in pairs.reasonings]),
+            pairs.target,
+            pairs.column_class,
+            marginal=args.mi_marginal,
+            std_eps=args.mi_std_eps,
+            ema=st.ema.setdefault(name, mi.EmaState()),
+            ema_decay=args.mi_ema_decay,
+        )
+        result["valid_rate"] = pairs.num_valid / max(pairs.num_total, 1)
+        result["seconds"] = time.perf_counter() - start
+        local = torch.tensor(
+            [result.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=acc.device
+        )
+        merged = acc.gather(local.unsqueeze(0)).view(-1, len(MI_KEYS))
+        for key, column in zip(MI_KEYS, merged.unbind(1)):
+            finite = column[~torch.isnan(column)]
+            if finite.numel():
+                _put(trainer, st, f"mi/{name}/{key}", finite.mean().item())
