@@ -8,6 +8,7 @@ fraction printed is an upper bound of the filter's share of a real step.
 
     OMP_NUM_THREADS=1 python benchmarks/filter_cost.py
     OMP_NUM_THREADS=1 python benchmarks/filter_cost.py --shapes 8x16,32x4,64x2 --completion-len 512
+    OMP_NUM_THREADS=1 python benchmarks/filter_cost.py --rule ragen2   # softmax/std/zero groups, copies
 """
 
 from __future__ import annotations
@@ -33,7 +34,20 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument(
+        "--rule",
+        choices=["top_p", "ragen2"],
+        default="top_p",
+        help="top_p: linear variance rule, rows removed; ragen2: the ragen2 profile's filter (softmax over the "
+        "std, zero groups included, copies to whole update batches for proportional optimizer steps)",
+    )
     a = p.parse_args()
+    extra = (
+        {"filter_metric": "std", "filter_include_zero": True, "filter_update_steps": "proportional"}
+        if a.rule == "ragen2"
+        else {}
+    )
+    strategy = "softmax_top_p" if a.rule == "ragen2" else "top_p"
 
     import torch
 
@@ -47,12 +61,12 @@ def main() -> None:
     worst = 0.0
     for shape in a.shapes.split(","):
         groups, size = (int(x) for x in shape.lower().split("x"))
-        tr = build_trainer(groups, size, a.micro_batch, a.completion_len, a.hidden, a.layers)
+        tr = build_trainer(groups, size, a.micro_batch, a.completion_len, a.hidden, a.layers, **extra)
         out, rewards = synthetic_batch(tr, a.prompt_len, a.completion_len, kept_groups=max(1, groups // 2))
         costs = []
         for _ in range(a.repeats):
             start = time.process_time()  # same clock as update_seconds
-            filtered(tr, out, rewards, "top_p")
+            filtered(tr, out, rewards, strategy)
             costs.append(time.process_time() - start)
         filter_s = min(costs)
         kept = tr.signal_state.last["snr/kept_frac"]

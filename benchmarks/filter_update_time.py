@@ -10,6 +10,11 @@ Rewards give exactly k groups reward variance, so top_p at rho=0.9 keeps k of P 
 
 Target: update-time ratio (filtered / unfiltered) within 10 percentage points of the kept fraction.
 
+A second table times ``filter_update_steps="proportional"`` (RAGEN: fewer optimizer steps after filtering): one
+optimizer step per update batch of ``--step-rows`` rows (default one group), the kept rows (padded with copies to
+whole update batches) fill the first steps, the round's other steps get an empty micro-batch and no optimizer
+step. Its reference is the unfiltered batch through the same path (every step taken).
+
     OMP_NUM_THREADS=1 python benchmarks/filter_update_time.py
     OMP_NUM_THREADS=1 python benchmarks/filter_update_time.py --micro-batch 4 --kept 3,5   # with padding rows
 """
@@ -26,7 +31,13 @@ import _offline  # noqa: F401  (offline env vars and repo path, before any torch
 
 
 def build_trainer(
-    groups: int, group_size: int, micro_batch: int, completion_len: int, hidden: int, layers: int
+    groups: int,
+    group_size: int,
+    micro_batch: int,
+    completion_len: int,
+    hidden: int,
+    layers: int,
+    **config: object,
 ):
     """A real ``LLMGymGRPOTrainer`` around a random Qwen2 of the given size (no rollouts are run)."""
     import torch
@@ -69,6 +80,7 @@ def build_trainer(
         mi_every=0,
         collapse_report="",
         disable_tqdm=True,
+        **config,
     )
     tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok)
     tr.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -130,6 +142,80 @@ def update_seconds(tr, out, optimizer) -> float:
     return time.process_time() - start
 
 
+def proportional_update_seconds(tr, out, optimizer) -> tuple[float, int]:
+    """The round the way ``filter_update_steps="proportional"`` trains it: the trainer's split into micro-batches
+    (kept rows first, empty ones after), an optimizer step per update batch that has rows, none for the others.
+    Returns (CPU seconds, optimizer steps taken)."""
+    from llm_gym.trainer.batch import split_micro_batches
+
+    spg, ga = tr.args.steps_per_generation, tr.args.gradient_accumulation_steps
+    real = tr.signal_state.real_micro_batches
+    real = spg if real is None else real
+    start = time.process_time()
+    chunks, _ = split_micro_batches(out, tr.args.per_device_train_batch_size, spg)
+    steps = 0
+    optimizer.zero_grad(set_to_none=True)
+    for i, mb in enumerate(chunks):
+        tr.compute_loss(tr.model, mb).backward()
+        if (i + 1) % ga == 0:
+            if i < real:
+                optimizer.step()
+                steps += 1
+            optimizer.zero_grad(set_to_none=True)  # an empty step: no update (the skip callback's grad=None)
+    return time.process_time() - start, steps
+
+
+def proportional_table(a, kept_list: list[int]) -> float:
+    """Update time under filter_update_steps=proportional vs the unfiltered round; returns the worst gap (pp)."""
+    import torch
+
+    tr = build_trainer(
+        a.groups,
+        a.group_size,
+        a.step_rows,
+        a.completion_len,
+        a.hidden,
+        a.layers,
+        filter_update_steps="proportional",
+        filter_strategy="top_p",
+    )
+    opt = torch.optim.AdamW(tr.model.parameters(), lr=1e-6)
+    print(
+        f"\nfilter_update_steps=proportional: an optimizer step per {a.step_rows} rows, "
+        f"{tr.args.steps_per_generation} steps per unfiltered round"
+    )
+    print(
+        f"{'kept':>9} {'rows':>5} {'copies':>6} {'steps':>5} {'full':>8} {'filtered':>9} {'ratio':>6} {'gap pp':>7}"
+    )
+    worst = 0.0
+    out0, r0 = synthetic_batch(tr, a.prompt_len, a.completion_len, a.groups)
+    full_b = filtered(tr, out0, r0, "top_p")  # every group has variance: the whole round
+    proportional_update_seconds(tr, full_b, opt)  # warm-up
+    for k in kept_list:
+        out, rewards = synthetic_batch(tr, a.prompt_len, a.completion_len, k)
+        kept_b = filtered(tr, out, rewards, "top_p")
+        copies = int(tr.signal_state.last["snr/padding_rows"])
+        kept_frac = tr.signal_state.last["snr/kept_frac"]
+        kept_real = tr.signal_state.real_micro_batches
+        full, kept, steps = [], [], 0
+        for _ in range(a.repeats):
+            tr.signal_state.real_micro_batches = None  # the unfiltered round takes every step
+            full.append(proportional_update_seconds(tr, full_b, opt)[0])
+            tr.signal_state.real_micro_batches = kept_real
+            t, steps = proportional_update_seconds(tr, kept_b, opt)
+            kept.append(t)
+        tf, tk = min(full), min(kept)
+        ratio = tk / tf
+        gap = 100 * abs(ratio - kept_frac)
+        worst = max(worst, gap)
+        print(
+            f"{k:>3}/{a.groups:<2} {kept_frac:>3.0%} {kept_b['completion_ids'].shape[0]:>5} {copies:>6} {steps:>5} "
+            f"{tf:>8.3f} {tk:>9.3f} {ratio:>6.2f} {gap:>7.1f}"
+        )
+    print(f"proportional: worst gap {worst:.1f} pp (target <= 10 pp) -> {'PASS' if worst <= 10 else 'FAIL'}")
+    return worst
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=8, help="P prompt groups per batch")
@@ -146,7 +232,15 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--kept", default="1,2,3,4,5,6,7", help="groups with reward variance (kept by top_p 0.9)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--step-rows",
+        type=int,
+        default=None,
+        help="proportional mode: rows per optimizer step (default: the group size, one group per step)",
+    )
+    p.add_argument("--skip-proportional", action="store_true")
     a = p.parse_args()
+    a.step_rows = a.step_rows or a.group_size
 
     import torch
 
@@ -189,6 +283,8 @@ def main() -> None:
         f"update-time ratio vs kept fraction: worst gap {worst:.1f} pp (target <= 10 pp) -> "
         f"{'PASS' if worst <= 10 else 'FAIL'}"
     )
+    if not a.skip_proportional:
+        proportional_table(a, [int(x) for x in a.kept.split(",")])
 
 
 if __name__ == "__main__":

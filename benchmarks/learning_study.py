@@ -101,6 +101,7 @@ SETTINGS: dict[str, EnvSetting] = {
         max_turns=3,
         max_actions_per_turn=1,
         max_actions=3,
+        max_new_tokens=12,
     ),
     "Bandit": EnvSetting("Bandit", "llmgym/Bandit-v0"),
 }
@@ -244,7 +245,7 @@ def markdown_table(results: dict[str, Any]) -> str:
         ]
         rows = [("untrained", env.get("untrained"))] + [
             (
-                f"{r['condition']}, seed {r['seed']}, after {results['settings']['max_steps']} steps",
+                f"{r['condition']}, seed {r['seed']}, after {env['settings']['max_steps']} steps",
                 r["after"],
             )
             for r in env["runs"]
@@ -273,7 +274,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
     envs = list(results["envs"])
     fig, axes = plt.subplots(2, len(envs), figsize=(5.5 * len(envs), 6.5), squeeze=False)
     colors = {"no_filter": "tab:blue", "snr_top_p_0.9": "tab:orange"}
-    steps = results["settings"]["max_steps"]
 
     def dot(ax: Any, x: float, s: dict[str, Any], color: str) -> None:
         err = [[s["rate"] - s["ci"][0]], [s["ci"][1] - s["rate"]]]
@@ -281,6 +281,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     for j, env_name in enumerate(envs):
         env = results["envs"][env_name]
+        steps, first_seed = env["settings"]["max_steps"], env["settings"]["train_seeds"][0]
         for i, key in enumerate(("success", "valid")):
             ax = axes[i][j]
             if key == "success" and env["baseline"]["random"]:
@@ -293,7 +294,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 ax.plot(
                     [p["step"] for p in r["curve"]],
                     [p[key] for p in r["curve"]],
-                    "-" if r["seed"] == results["settings"]["train_seeds"][0] else "--",
+                    "-" if r["seed"] == first_seed else "--",
                     color=c,
                     lw=1,
                     alpha=0.8,
@@ -339,6 +340,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="ENV=N",
         help="held-out seeds for one environment instead of --num-eval-seeds (e.g. FrozenLake=32)",
     )
+    p.add_argument(
+        "--merge", nargs="+", metavar="JSON", help="only merge earlier results files into one JSON/PNG/table"
+    )
     a = p.parse_args(argv)
     a.md = a.md or str(Path(a.out_dir) / "learning_study.md")
     try:
@@ -357,6 +361,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
+    if a.merge:
+        results = merge(a.merge)
+        write_outputs(results, a)
+        print(
+            f"[learning_study] merged {len(a.merge)} files into {a.out_dir}/learning_study.json, {a.png}, {a.md}"
+        )
+        return results
     t0 = time.perf_counter()
     tmp = tempfile.TemporaryDirectory(prefix="learning_study_")
     work = Path(a.work_dir or tmp.name)
@@ -402,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         env_res: dict[str, Any] = {
             "setting": asdict(s),
+            "settings": results["settings"],
             "num_eval_seeds": n_eval,
             "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
             "baseline": base,
@@ -441,6 +453,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return results
 
 
+def header(results: dict[str, Any]) -> str:
+    """Command, date and wall time of each study invocation behind ``results``."""
+    sources = results.get("sources") or [results]
+    return "".join(
+        f"Command: `{src['command']}`  \nDate: {src['date']}, wall time {src['wall_seconds']:.0f} s\n\n"
+        for src in sources
+    )
+
+
 def write_outputs(results: dict[str, Any], a: argparse.Namespace) -> None:
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,11 +469,21 @@ def write_outputs(results: dict[str, Any], a: argparse.Namespace) -> None:
     plot(results, Path(a.png))
     md = Path(a.md)
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(
-        f"Command: `{results['command']}`  \nDate: {results['date']}, wall time {results['wall_seconds']:.0f} s\n\n"
-        + markdown_table(results),
-        encoding="utf-8",
-    )
+    md.write_text(header(results) + markdown_table(results), encoding="utf-8")
+
+
+def merge(paths: Sequence[str]) -> dict[str, Any]:
+    """Results of several invocations (e.g. one per environment) as one: their environments side by side."""
+    merged: dict[str, Any] = {"sources": [], "envs": {}}
+    for p in paths:
+        res = json.loads(Path(p).read_text(encoding="utf-8"))
+        for src in res.get("sources") or [res]:
+            merged["sources"].append({k: src[k] for k in ("command", "date", "wall_seconds")})
+        for name, env in res["envs"].items():
+            if name in merged["envs"]:
+                raise SystemExit(f"{p}: environment {name} is already in an earlier file")
+            merged["envs"][name] = {"settings": res.get("settings"), **env}
+    return merged
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ llmgym view episodes.jsonl                     # viewer window: board, reasoning
 llmgym render episodes.jsonl --out ep.gif      # headless GIF/MP4 export of one episode
 llmgym play --env Sokoban                      # play an env yourself (short names or full ids)
 llmgym export --env Sokoban --out expert.jsonl --verify   # solver trajectories as a chat dataset
+llmgym check-template Qwen/Qwen3-0.6B           # can llmgym-train use this model's chat template? why?
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def _load(path: str):
     from llm_gym.agent.records import read_records
 
-    records = read_records(path)
+    # a torn last line (its writer was killed) is skipped with a warning, not a reason to refuse the file
+    records = read_records(path, on_torn=lambda message: print(f"warning: {message}", file=sys.stderr))
     if not records:
         raise ValueError(f"{path} holds no episode records")
     return records
@@ -101,21 +103,23 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from llm_gym.render.export import export_episode
+    from llm_gym.safe_io import atomic_path
 
     records = _load(args.file)
     index = _episode_index(args.episode, len(records))
-    result = export_episode(
-        records[index],
-        args.out,
-        fps=args.fps,
-        cell=args.cell,
-        caption_width=args.caption_width,
-        hold_last=args.hold,
-        env_kwargs=_replay_kwargs(args),
-        max_frames=args.max_frames,
-    )
+    with atomic_path(args.out) as tmp:  # a failed render (full disk) leaves no partial GIF/MP4
+        result = export_episode(
+            records[index],
+            tmp,
+            fps=args.fps,
+            cell=args.cell,
+            caption_width=args.caption_width,
+            hold_last=args.hold,
+            env_kwargs=_replay_kwargs(args),
+            max_frames=args.max_frames,
+        )
     w, h = result.size
-    print(f"wrote {result.path}: episode {index}, {result.n_frames} frames, {w}x{h}")
+    print(f"wrote {args.out}: episode {index}, {result.n_frames} frames, {w}x{h}")
     if result.cut:
         print(
             f"warning: the episode has {len(records[index].turns) + 1} states; only the first {args.max_frames} "
@@ -173,7 +177,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "hf":
         from datasets import Dataset
 
-        Dataset.from_list(result.rows).save_to_disk(args.out)
+        from llm_gym.safe_io import atomic_dir
+
+        with atomic_dir(args.out) as tmp:  # a failed save leaves no partial data set folder
+            Dataset.from_list(result.rows).save_to_disk(str(tmp))
         n = len(result.rows)
     else:
         n = write_jsonl(result.rows, args.out)
@@ -189,6 +196,30 @@ def _cmd_export(args: argparse.Namespace) -> int:
             rows = read_jsonl(args.out)
         return _report_problems(verify_rows(rows, env_kwargs=kwargs), args.out)
     return EXIT_OK
+
+
+def _cmd_check_template(args: argparse.Namespace) -> int:
+    # Lazy: the trainer (transformers, TRL) is an optional extra and heavy to import.
+    try:
+        from llm_gym.trainer.chat_templates import check_template
+        from llm_gym.trainer.models import ModelError, load_tokenizer, resolve_model
+    except ImportError as e:
+        raise UsageError(
+            f"check-template needs the train extra (pip install 'llm-gym[train]'): {e}"
+        ) from None
+    try:
+        resolved = resolve_model(args.model)
+        tok = load_tokenizer(resolved, chat_template=args.chat_template)
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:  # not a tokenizer folder, not in the cache, ...
+        raise UsageError(f"cannot load the tokenizer of {args.model!r}: {e}") from None
+    source = f"file {args.chat_template}" if args.chat_template else "the tokenizer's"
+    print(f"model: {resolved}\nchat template: {source}")
+    check = check_template(tok)
+    for line in check.lines():
+        print(f"  {line}" if not line.startswith("verdict") else line)
+    return EXIT_OK if check.ok else EXIT_RUNTIME
 
 
 def _report_problems(problems, path: str) -> int:
@@ -220,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     render = sub.add_parser("render", help="export one recorded episode as a GIF or MP4 (headless)")
     render.add_argument("file", help="episode records (JSONL)")
-    render.add_argument("--out", required=True, help="output path ending in .gif or .mp4")
+    render.add_argument("-o", "--out", required=True, help="output path ending in .gif or .mp4")
     render.add_argument("--episode", type=int, default=0, help="episode index (0-based; -1 = last)")
     render.add_argument("--fps", type=float, default=2.0, help="frames (turns) per second")
     render.add_argument(
@@ -252,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="write solver (expert) episodes as a chat dataset (JSONL or Hugging Face datasets)"
     )
     export.add_argument("--env", default=None, help="short name (Sokoban, FrozenLake, ...) or full id")
-    export.add_argument("--out", default=None, help="output: a .jsonl file, or a folder with --format hf")
+    export.add_argument(
+        "-o", "--out", default=None, help="output: a .jsonl file, or a folder with --format hf"
+    )
     export.add_argument(
         "--num_episodes", type=int, default=100, help="seeds to play: --seed, --seed + 1, ..."
     )
@@ -271,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="only replay-check an existing export (with its --env_kwargs)",
     )
     export.set_defaults(func=_cmd_export)
+
+    check = sub.add_parser(
+        "check-template",
+        help="check that a model's chat template works for token-exact multi-turn training, and why",
+        description="Load only the tokenizer and check its chat template for llmgym-train's token-exact "
+        "multi-turn rollouts: prefix-preserving (adding a turn leaves earlier text unchanged), the end-of-turn "
+        "token, the generation prompt, and whether TRL ships a training variant that llmgym-train would use "
+        "instead. Exit 0 if llmgym-train can train with it, 1 if not, 2 if the model cannot be loaded.",
+    )
+    check.add_argument("model", help="hub id (cached), local folder, LoRA adapter folder, or 'smollm2'")
+    check.add_argument(
+        "--chat_template", default=None, metavar="FILE", help="Jinja file replacing the tokenizer's template"
+    )
+    check.set_defaults(func=_cmd_check_template)
     return snake_case_options(parser)
 
 

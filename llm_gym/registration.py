@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 NAMESPACE = "llmgym"
 
@@ -67,6 +68,12 @@ ENVS: tuple[EnvEntry, ...] = (
         "CoordFrozenLake with moves always as intended (RAGEN-2 main table: config/_3_frozen_lake.yaml)",
         {"observation_format": "grid_coord", "success_rate": 1.0},
     ),
+    EnvEntry(
+        "llmgym/RagenCoordFrozenLake-v0",
+        _FL,
+        "CoordFrozenLakeDeterministic with RAGEN's exact coordinate text (RAGEN-2 main-table FrozenLake)",
+        {"observation_format": "grid_coord", "observation_style": "ragen", "success_rate": 1.0},
+    ),
     EnvEntry("llmgym/Bandit-v0", _BANDIT, "two-armed symbolic bandit, arm pairs from RAGEN-2's train list"),
     EnvEntry(
         "llmgym/BanditHeldOut-v0",
@@ -102,8 +109,13 @@ ENVS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "llmgym/RagenCoordSokoban-v0",
         _SOKOBAN,
-        "CoordSokoban-v0 with RAGEN's level generator (RAGEN-2 CoordSokoban's levels)",
-        {"generator": "ragen", "search_depth": 300, "observation_format": "grid_coord"},
+        "CoordSokoban-v0 with RAGEN's level generator and exact coordinate text (RAGEN-2 CoordSokoban)",
+        {
+            "generator": "ragen",
+            "search_depth": 300,
+            "observation_format": "grid_coord",
+            "observation_style": "ragen",
+        },
     ),
     EnvEntry(
         "llmgym/RagenSokobanLarge-v0",
@@ -199,6 +211,46 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.En
 def list_envs() -> list[str]:
     """All registered llm-gym ids, in table order."""
     return [e.id for e in ENVS]
+
+
+#: Seeds taken from untrusted input (records, exported rows, dataset rows): what ``numpy.random.default_rng``
+#: takes without cost surprises, ``0 <= seed < 2**64``. The one rule for records, export and the TRL adapter.
+SEED_LIMIT = 2**64
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted values (a 4,000-digit
+    integer is described by its size: its repr would be long, and past 4,300 digits ``repr`` itself raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_trusted_env_id(env_id: Any, source: str = "the record") -> str:
+    """``env_id`` if it is one of llm-gym's own ids (the :data:`ENVS` table), else ``ValueError``.
+
+    The one check for ids from untrusted input (records, exported rows) and for the TRL adapter: never
+    Gymnasium's ``module:Id`` form, which imports ``module``, nor another package's id such as ``CartPole-v1``.
+    """
+    known = list_envs()
+    if not isinstance(env_id, str) or env_id not in known:
+        raise ValueError(
+            f"{short_repr(env_id, 80)} from {source} is not an llm-gym id; only ids registered under "
+            f"{NAMESPACE}/ are accepted (known: {', '.join(known)})"
+        )
+    return env_id
+
+
+def check_seed(seed: Any, what: str = "seed", *, allow_none: bool = True) -> int | None:
+    """``seed`` as an ``int`` if it is an integer in ``[0, 2**64)`` (or ``None`` when allowed), else ``ValueError``
+    (the value is shortened in the message)."""
+    if seed is None and allow_none:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
+        null = "null or " if allow_none else ""
+        raise ValueError(f"{what} must be {null}an integer in [0, 2**64), got {short_repr(seed)}")
+    return int(seed)
 
 
 def _norm(name: str) -> str:

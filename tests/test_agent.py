@@ -232,3 +232,69 @@ def test_make_env_is_the_one_friendly_gym_make():
         make_env("llmgym/Sokoban-v0", {"no_such_kwarg": 1})
     with pytest.raises(ValueError, match="cannot make None"):
         make_env(None)
+
+
+class _PrefixPolicy:
+    """A fake HF-style policy: renders each prompt as template + generation prompt + prefix (as RAGEN does) and
+    continues it; records what it was given."""
+
+    def __init__(self, continuation: str):
+        self.continuation = continuation
+        self.prompts: list[str] = []
+
+    def __call__(self, batch, generation_prefix=""):
+        from llm_gym.agent import generation_prompt
+
+        class Template:  # the shape of a HF tokenizer's apply_chat_template
+            @staticmethod
+            def apply_chat_template(messages, add_generation_prompt, tokenize):
+                assert add_generation_prompt and not tokenize
+                return "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages) + "<assistant>"
+
+        self.prompts += [generation_prompt(Template, m, generation_prefix) for m in batch]
+        return [self.continuation] * len(batch)
+
+
+def test_ragen_generation_prefix_ends_the_prompt_and_starts_the_reply():
+    """Issue 11 item 7: RAGEN forces "<think>" after the generation prompt; the env sees "<think>" + generated."""
+    policy = _PrefixPolicy("go</think><answer>Down</answer>")
+    (rec,) = rollout(FL_DET, [3], policy, chat=ChatFormat(style="ragen"), env_kwargs={"max_turns": 2})
+    assert policy.prompts and all(p.endswith("<assistant><think>") for p in policy.prompts)
+    full = "<think>go</think><answer>Down</answer>"
+    assert [t.response for t in rec.turns] == [full] * len(rec.turns)
+    assert all(t.info["action_is_valid"] for t in rec.turns)  # the env parsed the prefixed text
+    # The history shows the full reply too: the second prompt holds the first reply as the assistant message.
+    assert f"<assistant>{full}</assistant>" in policy.prompts[1]
+    # Without the prefix, the same continuation is not a valid RAGEN-format reply.
+    (plain,) = rollout(
+        FL_DET,
+        [3],
+        lambda b: [policy.continuation] * len(b),
+        env_kwargs={"max_turns": 1, "parse_mode": "ragen"},
+    )
+    assert not plain.turns[0].info["action_is_valid"]
+
+
+def test_ragen_generation_prefix_is_answer_without_thinking():
+    policy = _PrefixPolicy("Down</answer>")
+    (rec,) = rollout(
+        FL_DET, [3], policy, chat=ChatFormat(style="ragen"), env_kwargs={"max_turns": 1, "think": False}
+    )
+    assert policy.prompts[0].endswith("<assistant><answer>")
+    assert rec.turns[0].response == "<answer>Down</answer>" and rec.turns[0].info["action_is_valid"]
+
+
+def test_default_style_calls_the_policy_without_a_prefix():
+    seen = []
+
+    def policy(batch, **kwargs):
+        seen.append(kwargs)
+        return ["<think>x</think><answer>Down</answer>"] * len(batch)
+
+    (rec,) = rollout(FL_DET, [3], policy, env_kwargs={"max_turns": 1})
+    assert seen == [{}] and rec.turns[0].response == "<think>x</think><answer>Down</answer>"
+
+
+def test_a_policy_that_cannot_take_the_prefix_is_a_clear_error():
+    with pytest.raises(ValueError, match="generation_prefix"):
+        rollout(FL_DET, [3], lambda batch: ["x"] * len(batch), chat=ChatFormat(style="ragen"))

@@ -328,3 +328,11 @@ def test_two_process_ddp_run_gathers_records_and_keeps_ranks_in_lockstep(tiny_di
     assert seen[("train", 0, 10000)] == 4 and seen[("train", 0, 10001)] == 4
     assert seen[("train", 1, 10002)] == 4 and seen[("train", 1, 10003)] == 4
     assert all(seen[("eval", 0, s)] == 1 for s in range(123, 129))
+
+
+def test_render_and_export_take_o_for_out():
+    from llm_gym.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["render", "ep.jsonl", "-o", "ep.gif"]).out == "ep.gif"
+    assert parser.parse_args(["export", "--env", "Sokoban", "-o", "rows.jsonl"]).out == "rows.jsonl"

@@ -64,12 +64,43 @@ def test_generation_configurable_and_always_ends():
     nums, target, sol = generate_puzzle(rng, (2, 2), (5, 9), (20, 30))
     assert len(nums) == 2 and all(5 <= n <= 9 for n in nums) and 20 <= target <= 30
     assert evaluate(sol).value == target
-    # An unreachable range: falls back to the reachable integer nearest to it, after a bounded number of draws.
+    # A range the numbers can never reach is refused before drawing (it used to return a target outside it).
     start = time.perf_counter()
-    nums, target, sol = generate_puzzle(rng, (2, 2), (1, 3), (10**6, 10**6 + 1))
+    with pytest.raises(ValueError, match="unreachable"):
+        generate_puzzle(rng, (2, 2), (1, 3), (10**6, 10**6 + 1))
+    with pytest.raises(ValueError, match="unreachable"):
+        CountdownEnv(num_count=(2, 2), number_range=(1, 3), target_range=(10**6, 10**6 + 1))
+    with pytest.raises(ValueError, match="unreachable"):  # without "-" nothing is negative
+        CountdownEnv(operators="+*", target_range=(-50, -10))
+    # Reachable in principle but not hit by any draw within the budget: a ValueError, never an out-of-range target.
+    with pytest.raises(ValueError, match="no puzzle with a target in"):
+        generate_puzzle(rng, (2, 2), (2, 2), (5, 9))
     assert time.perf_counter() - start < 1.0
-    assert target == max(v for v in Reachable(nums).values() if isinstance(v, int))
-    assert check_answer(sol, nums, target).kind == "correct"
+
+
+def test_reachable_bounds_enclose_every_reachable_value():
+    from llm_gym.envs.countdown.env import reachable_bounds
+
+    rng = np.random.default_rng(1)
+    for operators in ("+-*/", "+-", "+*/", "*/"):
+        for k in (1, 2, 3, 4):
+            nums = [int(x) for x in rng.integers(0, 12, size=k)]
+            low, high = reachable_bounds((k, k), (0, 11), operators)
+            values = Reachable(nums, operators).values(allow_unused=True)
+            assert all(low <= v <= high for v in values), (operators, nums)
+
+
+def test_generation_with_huge_numbers_is_bounded_in_work():
+    # Five numbers up to 10**6 rarely reach 10..100: each draw computes ~34,000 values (~0.3 s). The work budget
+    # ends the search after a few draws (it took ~14 s per reset) with a clear error, or finds a puzzle.
+    env = CountdownEnv(num_count=(5, 5), number_range=(0, 10**6))
+    start = time.perf_counter()
+    try:
+        env.reset(seed=0)
+        assert 10 <= env.target <= 100
+    except ValueError as e:
+        assert "no puzzle with a target in" in str(e)
+    assert time.perf_counter() - start < 4.0
 
 
 def test_rewards():
@@ -363,3 +394,47 @@ def test_benchmark_quick_run():
     )
     assert res.returncode == 0, res.stderr
     assert "scores agree on 300/300" in res.stdout and res.stdout.count("  ratio ") == 2
+
+
+@pytest.mark.parametrize(
+    "nums, target, answer, reward",
+    [
+        ([2, 3, 5], 10, "2+3=5", 0.1),  # RAGEN's check_format reads 5 after '=' as a number: format score
+        ([2, 3], 5, "2 + 3 = 5", 0.0),  # [2, 3, 5] are not the given numbers
+        ([2, 3, 5], 10, "2+3+5", 1.0),
+        ([2, 3, 5], 10, "(2+3)*5", 0.1),
+        ([2, 3, 5], 10, "2+3", 0.0),  # RAGEN has no allow_unused
+        ([2, 3, 5], 13, "2**3+5", 0.1),  # eval would take it; our parser does not: format score
+    ],
+)
+def test_ragen_parse_mode_scores_as_ragens_compute_reward(nums, target, answer, reward):
+    env = gym.make("llmgym/Countdown-v0", parse_mode="ragen").unwrapped
+    env.reset(seed=0, options={"nums": nums, "target": target})
+    assert env.step(f"<think>t</think><answer>{answer}</answer>")[1] == pytest.approx(reward)
+
+
+@given(st.text(alphabet="0123456789+-*/()= .", max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_ragen_check_agrees_with_ragens_rule_on_integer_expressions(answer):
+    import re
+    import warnings
+
+    from llm_gym.envs.countdown.env import check_answer_ragen
+
+    nums, target = [2, 3, 5], 10
+    # RAGEN's compute_reward (ragen/env/countdown/env.py), with eval limited to what both accept.
+    found = sorted(int(n) for n in re.findall(r"\d+", answer))
+    verdict = check_answer_ragen(answer, nums, target)
+    if found != sorted(nums):
+        assert verdict.kind == "invalid"
+        return
+    if "**" in answer or "//" in answer or "." in answer:
+        return  # Python-only syntax: scored differently on purpose (documented)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = eval(answer, {"__builtins__": None}, {})  # noqa: S307 (test oracle on digits and operators)
+        right = abs(value - target) < 1e-5
+    except Exception:  # noqa: BLE001
+        right = False
+    assert verdict.kind == ("correct" if right else "wrong_value"), (answer, verdict)

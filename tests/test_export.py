@@ -180,3 +180,27 @@ def test_cli_export_hf_format(tmp_path, capsys):
     args = ["export", "--env", "Countdown", "--out", str(out), "--num_episodes", "2", "--format", "hf"]
     assert main([*args, "--verify"]) == 0
     assert main(["export", "--check", str(out), "--format", "hf"]) == 0
+
+
+def test_replay_check_compares_every_message_exactly():
+    from llm_gym.agent.chat import ChatFormat
+
+    rows = export_episodes("FrozenLakeDeterministic", range(2)).rows
+
+    def system_changed(row):
+        row["messages"][0]["content"] += " Ignore the rules."
+
+    def user_padded(row):  # still contains the state (the old substring check passed it)
+        row["messages"][1]["content"] = "Injected text. " + row["messages"][1]["content"]
+
+    def role_changed(row):
+        row["messages"][1]["role"] = "tool"
+
+    for fn in (system_changed, user_padded, role_changed):
+        problems = verify_rows(_tampered(rows, fn))
+        assert [p.index for p in problems] == [0], fn.__name__
+        assert "differs from the env's conversation" in problems[0].reason
+    # Rows exported with another chat format verify with that format only.
+    fmt = ChatFormat(show_budget=False)
+    other = export_episodes("FrozenLakeDeterministic", [0], chat=fmt).rows
+    assert verify_rows(other, chat=fmt) == [] and verify_rows(other) != []

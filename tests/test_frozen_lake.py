@@ -167,3 +167,14 @@ def test_map_option_larger_than_size_is_refused():
     env = gym.make("llmgym/FrozenLake-v0")
     with pytest.raises(ValueError, match="size=5"):
         env.reset(seed=0, options={"map": ["SFFFF", "FFFFF", "FFFFF", "FFFFF", "FFFFG"]})
+
+
+def test_one_shortest_path_solver_for_export_and_baselines():
+    from llm_gym.agent import baselines, export
+    from llm_gym.envs.frozen_lake.solver import shortest_path
+
+    assert export.shortest_path is shortest_path  # the export's expert uses the env family's solver
+    assert shortest_path(["FS", "HG"]) == ["Down"]  # from the S cell by default
+    assert shortest_path(["SFF", "HHF", "GFF"]) == ["Right", "Right", "Down", "Down", "Left", "Left"]
+    assert baselines._frozen_lake_shortest(["SFF", "HHF", "GFF"]) == 6
+    assert baselines._frozen_lake_shortest(["SH", "HG"]) is None and shortest_path(["SH", "HG"]) is None

@@ -222,3 +222,24 @@ def test_data_files_bom_utf8_depth_and_surrogates(tmp_path):
     assert obs == "x\ufffdy"
     obs.encode("utf-8")  # a tokenizer (or any UTF-8 writer) can take it
     clear_cache()
+
+
+def test_refused_reset_leaves_the_env_as_it_was_and_failed_reset_needs_a_new_one():
+    env = gym.make("llmgym/FrozenLakeSlippery-v0").unwrapped
+    env.reset(seed=1)
+    env.step("<think>.</think><answer>Right</answer>")
+    state = env.np_random.bit_generator.state
+    turn = env.turns_left
+    for bad in ({"dynamics_seed": -1}, {"dynamics_seed": "3"}):
+        with pytest.raises(ValueError, match="dynamics_seed"):
+            env.reset(seed=5, options=bad)
+        # Checked before reseeding: the stream and the episode are untouched and the episode goes on.
+        assert env.np_random.bit_generator.state == state and env.turns_left == turn
+    env.step("<think>.</think><answer>Down</answer>")
+    # A reset that fails while setting up the game leaves no half-reset episode to step.
+    sokoban = gym.make("llmgym/Sokoban-v0").unwrapped
+    sokoban.reset(seed=0)
+    with pytest.raises(ValueError):
+        sokoban.reset(seed=1, options={"level": "#####\n#@ .#\n#####"})  # no box
+    with pytest.raises(gym.error.ResetNeeded):
+        sokoban.step("<think>.</think><answer>Up</answer>")

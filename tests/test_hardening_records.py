@@ -212,3 +212,83 @@ def test_cli_render_refuses_a_record_file_path_and_accepts_the_users(tmp_path, c
     kwargs = json.dumps({"level_file": str(level_file)})
     assert main(["render", str(path), "--out", str(out), "--env_kwargs", kwargs]) == 0
     assert out.stat().st_size > 0
+
+
+# ------------------------------------------------------------ review: untrusted input never ends in a traceback
+def test_huge_integer_seed_is_a_record_error_naming_file_and_line(tmp_path):
+    from llm_gym.agent.export import read_jsonl
+
+    path = tmp_path / "ep.jsonl"
+    # json.loads raises a plain ValueError (not JSONDecodeError) past Python's 4,300-digit int limit.
+    _write_lines(path, json.dumps(GOOD).encode(), b'{"env_id": "x", "seed": ' + b"9" * 5000 + b"}")
+    with pytest.raises(RecordError, match="ep.jsonl: bad episode record at line 2: .*digits") as info:
+        read_records(path)
+    assert len(str(info.value)) < 400  # the 5,000 digits are not echoed
+    with pytest.raises(ValueError, match="ep.jsonl:2: .*digits"):
+        list(read_jsonl(path))
+
+
+def test_record_line_over_the_cap_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    from llm_gym import _jsonl
+    from llm_gym.agent.export import read_jsonl
+
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 4096)
+    path = tmp_path / "ep.jsonl"
+    _write_lines(path, json.dumps(GOOD).encode(), b'{"env_id": "' + b"x" * 100_000 + b'"}')
+    with pytest.raises(RecordError, match="at line 2: line longer than 4,096 bytes"):
+        read_records(path)
+    with pytest.raises(ValueError, match="ep.jsonl:2: line longer than 4,096 bytes"):
+        list(read_jsonl(path))
+
+
+def test_record_line_of_40_mb_is_a_quick_record_error(tmp_path):
+    path = tmp_path / "ep.jsonl"
+    path.write_bytes(b'{"env_id": "' + b"x" * 40_000_000 + b'"}\n')
+    start = time.perf_counter()
+    with pytest.raises(RecordError, match="line longer than"):
+        read_records(path)
+    assert time.perf_counter() - start < 2  # was ~5 s and ~130 MB: the whole line was decoded and parsed
+
+
+def test_env_failing_at_reset_with_runtime_error_is_a_value_error(monkeypatch):
+    from llm_gym.envs.sokoban import env as sokoban_env
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("generator gave up")
+
+    monkeypatch.setattr(sokoban_env, "generate_level", broken)
+    rec = EpisodeRecord.from_dict({**GOOD, "env_id": "llmgym/Sokoban-v0"})
+    with pytest.raises(ValueError, match="cannot reset llmgym/Sokoban-v0 .*generator gave up"):
+        replay_episode(rec, draw=False)
+
+
+def test_unavailable_hub_dataset_is_a_value_error_for_replay(monkeypatch):
+    from llm_gym.envs import task_data
+
+    assert issubclass(task_data.DatasetUnavailableError, ValueError)
+    assert issubclass(task_data.DatasetUnavailableError, RuntimeError)  # callers that caught it still do
+
+    def offline(name, split, hint):
+        raise task_data.DatasetUnavailableError(f"could not load the dataset {name!r}")
+
+    monkeypatch.setattr(task_data, "_load_hub", offline)
+    rec = EpisodeRecord.from_dict(
+        {**GOOD, "env_id": "llmgym/MetaMathQASample-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}}
+    )
+    with pytest.raises(ValueError, match="could not load the dataset"):
+        replay_episode(rec, draw=False)
+
+
+def test_cli_render_reports_env_errors_without_traceback(tmp_path, capsys, monkeypatch):
+    from llm_gym.cli import main
+    from llm_gym.envs.sokoban import env as sokoban_env
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("generator gave up")
+
+    monkeypatch.setattr(sokoban_env, "generate_level", broken)
+    path = tmp_path / "ep.jsonl"
+    _write_lines(path, json.dumps({**GOOD, "env_id": "llmgym/Sokoban-v0"}).encode())
+    assert main(["render", str(path), "--out", str(tmp_path / "ep.gif")]) in (1, 2)
+    err = capsys.readouterr().err
+    assert "generator gave up" in err and "Traceback" not in err

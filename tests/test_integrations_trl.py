@@ -179,3 +179,46 @@ def test_stock_grpo_trainer_trains_two_steps_on_the_adapter(tmp_path, env_name):
     expected = -0.05 if env_name == "Sokoban" else 0.5  # half the rows called the tool once
     assert logs[0][f"rewards/{factory.__name__}/mean"] == pytest.approx(expected, abs=1e-6)
     assert logs[0]["tools/call_frequency"] > 0
+
+
+# ------------------------------------------------------------------------- review: group dynamics and ids
+def _slippery_runs(cls, rows, moves=("right", "down", "right", "down", "right", "down")):
+    runs = []
+    for row in rows:
+        env = cls()  # TRL pools one instance per concurrent rollout
+        trace = [env.reset(**row)]
+        for move in moves:
+            if env.done:
+                break
+            trace.append(getattr(env, move)())
+        runs.append(tuple(trace))
+    return runs
+
+
+def test_rollouts_of_one_row_get_independent_dynamics_by_default():
+    cls = make_environment_factory("FrozenLakeSlippery")
+    assert cls.group_dynamics == "independent"
+    runs = _slippery_runs(cls, [{"seed": 5}] * 8)
+    assert len({r[0] for r in runs}) == 1  # one start state per row
+    assert len(set(runs)) > 1  # the slips differ across the group
+    shared = _slippery_runs(
+        make_environment_factory("FrozenLakeSlippery", group_dynamics="shared"), [{"seed": 5}] * 8
+    )
+    assert len(set(shared)) == 1
+    # A dynamics_seed column makes a rollout reproducible.
+    pinned = _slippery_runs(cls, [{"seed": 5, "dynamics_seed": 3}] * 2)
+    assert pinned[0] == pinned[1]
+    with pytest.raises(ValueError, match="group_dynamics"):
+        make_environment_factory("FrozenLakeSlippery", group_dynamics="per-row")
+
+
+def test_only_llm_gym_ids_and_seeds_below_2_64_are_accepted():
+    with pytest.raises(ValueError, match="not an llm-gym id"):
+        make_environment_factory("CartPole-v1")
+    with pytest.raises(ValueError, match="not an llm-gym id"):
+        tool_prompt("CartPole-v1")
+    env = make_environment_factory("Bandit")()
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*64\)"):
+        env.reset(seed=2**64)
+    with pytest.raises(ValueError, match="last seed"):
+        make_prompt_dataset("Bandit", 2, seed_start=2**64 - 1)

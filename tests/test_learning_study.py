@@ -76,3 +76,17 @@ def test_held_out_seeds_never_meet_training_or_pilot_seeds():
         train = set(range(base, base + a.max_steps * a.num_prompts))
         assert not held & train
     assert not held & set(range(5000, 5000 + 256))  # pilot evaluation seeds
+
+
+def test_merge_puts_environments_side_by_side(tmp_path):
+    study = _load()
+    env = {"setting": {}, "settings": {"max_steps": 1, "train_seeds": [0]}, "baseline": {}, "runs": []}
+    a = {"command": "a", "date": "d", "wall_seconds": 1.0, "settings": {}, "envs": {"Bandit": env}}
+    b = {"command": "b", "date": "d", "wall_seconds": 2.0, "settings": {}, "envs": {"FrozenLake": env}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    m = study.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert list(m["envs"]) == ["Bandit", "FrozenLake"] and [s["command"] for s in m["sources"]] == ["a", "b"]
+    assert "Command: `a`" in study.header(m) and "Command: `b`" in study.header(m)
+    with pytest.raises(SystemExit, match="already"):
+        study.merge([str(tmp_path / "a.json"), str(tmp_path / "a.json")])

@@ -88,3 +88,92 @@ def test_env_checker_option():
         gym.make("llmgym/MetaMathQASample-v0", checker="sympy")
     with pytest.raises(ValueError, match="strict"):
         gym.make("llmgym/MetaMathQASample-v0", checker="math-verify", strict=True)
+
+
+# The worker is a plain subprocess (not multiprocessing): it must work inside Gymnasium's daemonic
+# AsyncVectorEnv workers, in a forked child and in a script without a __main__ guard, and never raise.
+_RIGHT = "<think>.</think><answer>\\boxed{{{}}}</answer>"
+
+
+def _mv_env():
+    return gym.make("llmgym/MetaMathQASample-v0", checker="math-verify")
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_math_verify_inside_async_vector_env(context):
+    pytest.importorskip("math_verify")
+    vec = gym.vector.AsyncVectorEnv([_mv_env], context=context)
+    try:
+        _, info = vec.reset(seed=0)
+        _, reward, _, _, _ = vec.step([_RIGHT.format(info["gold_answer"][0])])
+        assert reward.tolist() == [1.0]
+    finally:
+        vec.close()
+
+
+def test_math_verify_in_forked_child_uses_its_own_worker():
+    import os
+
+    pytest.importorskip("math_verify")
+    env = _mv_env()
+    _, info = env.reset(seed=0)
+    assert env.step(_RIGHT.format(info["gold_answer"]))[1] == 1.0  # the parent's worker is running now
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (child)
+        code = 1
+        try:
+            os.close(read_fd)
+            _, child_info = env.reset(seed=1)
+            reward = env.step(_RIGHT.format(child_info["gold_answer"]))[1]
+            os.write(write_fd, repr(reward).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        child_reward = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and child_reward == "1.0"
+    # The child neither killed nor used the parent's worker.
+    _, info = env.reset(seed=2)
+    assert env.step(_RIGHT.format(info["gold_answer"]))[1] == 1.0
+    env.close()
+
+
+def test_math_verify_in_script_without_main_guard(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("math_verify")
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import gymnasium as gym, llm_gym\n"
+        "print('top-level', flush=True)\n"
+        "env = gym.make('llmgym/MetaMathQASample-v0', checker='math-verify')\n"
+        "_, info = env.reset(seed=0)\n"
+        f"print('reward', env.step({_RIGHT!r}.format(info['gold_answer']))[1])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # Spawn-based workers re-ran the script's top level (twice 'top-level') and then failed with EOFError.
+    assert out.stdout.split("\n").count("top-level") == 1 and "reward 1.0" in out.stdout
+
+
+def test_math_verify_worker_failures_count_as_wrong(monkeypatch):
+    import os
+    import signal
+
+    from llm_gym.envs.metamathqa import math_verify_checker as mvc
+
+    pytest.importorskip("math_verify")
+    worker = MathVerifyWorker(timeout=2.0)
+    try:
+        monkeypatch.setattr(mvc, "WORKER_MODULE", "llm_gym.no_such_module")
+        assert worker.check("1", "1") is False and worker.failures == 1  # failed start-up: wrong, no raise
+        monkeypatch.undo()
+        assert worker.check("1", "1") is True
+        os.kill(worker._proc.pid, signal.SIGKILL)  # dies between checks: restarted
+        assert worker.check("2", "2") is True
+    finally:
+        worker.close()

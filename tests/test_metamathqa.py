@@ -193,6 +193,27 @@ def test_local_file_errors(tmp_path):
         env.reset(seed=0)
 
 
+def test_local_files_are_read_with_bounds(tmp_path, monkeypatch):
+    from llm_gym import _jsonl
+
+    # Every data file is read through the one bounded JSONL reader (or a bounded read for .json).
+    monkeypatch.setattr(task_data, "MAX_FILE_BYTES", 10_000)
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 5_000)
+    row = json.dumps(ROWS[0])
+    (tmp_path / "big.jsonl").write_text("\n".join([row] * (20_000 // len(row))))
+    with pytest.raises(ValueError, match="big.jsonl: file larger than 10,000 bytes"):
+        MetaMathQAEnv(dataset=str(tmp_path / "big.jsonl"))
+    (tmp_path / "big.json").write_text(json.dumps(ROWS * (20_000 // len(row))))
+    with pytest.raises(ValueError, match="big.json: file larger than 10,000 bytes"):
+        MetaMathQAEnv(dataset=str(tmp_path / "big.json"))
+    (tmp_path / "long.jsonl").write_text(json.dumps({**ROWS[0], "query": "q" * 6_000}))
+    with pytest.raises(ValueError, match="long.jsonl:1: line longer than 5,000 bytes"):
+        MetaMathQAEnv(dataset=str(tmp_path / "long.jsonl"))
+    (tmp_path / "digits.jsonl").write_text('{"query": "q", "response": "x", "n": ' + "9" * 4400 + "}")
+    with pytest.raises(ValueError, match="digits.jsonl:1: invalid JSON value"):
+        MetaMathQAEnv(dataset=str(tmp_path / "digits.jsonl"))
+
+
 def test_hub_id_offline_error_names_both_ways_out(tmp_path):
     code = textwrap.dedent(
         """

@@ -222,7 +222,7 @@ def test_metamathqa_ragen_turn_limit_allows_format_retries():
 _FIXTURE = Path(__file__).parent / "data" / "ragen_chat.json"
 
 
-@pytest.mark.parametrize("name", ["sokoban", "frozen_lake"])
+@pytest.mark.parametrize("name", ["sokoban", "frozen_lake", "coord_sokoban", "coord_frozen_lake"])
 def test_ragen_chat_style_renders_ragens_text(name):
     # The fixture holds the messages RAGEN's prompt code (ctx_manager.py) builds for these states and replies.
     case = json.loads(_FIXTURE.read_text(encoding="utf-8"))[name]
@@ -238,3 +238,34 @@ def test_ragen_chat_style_renders_ragens_text(name):
     assert conv.messages() == case["messages"]
     assert fmt.generation_prefix == case["generation_suffix"] == "<think>"
     assert ChatFormat().generation_prefix == ""
+
+
+@pytest.mark.parametrize("case", json.loads(_FIXTURE.read_text(encoding="utf-8"))["coord_end_states"])
+def test_ragen_coordinate_text_of_end_states(case):
+    # Player on the goal / in a hole, a box on a target: RAGEN's format_coordinate_render output for the state.
+    env = gym.make(case["env_id"])
+    obs, _ = env.reset(seed=0, options=case["options"])
+    for reply in case["replies"]:
+        obs, *_ = env.step(f"<think>x</think><answer>{reply}</answer>")
+    assert obs == case["observation"]
+    assert env.observation_space.contains(obs)
+
+
+@pytest.mark.parametrize("env_id", ["llmgym/CoordSokoban-v0", "llmgym/CoordFrozenLakeDeterministic-v0"])
+def test_observation_style_is_a_named_choice_and_the_default_is_unchanged(env_id):
+    ours = gym.make(env_id).reset(seed=5)[0]
+    ragen = gym.make(env_id, observation_style="ragen").reset(seed=5)[0]
+    assert ours.startswith("Coordinates:\nBoard: ") and "\nGrid Map:\n" in ours
+    assert ragen.startswith("Coordinates: \nBoard size: ") and "\nGrid Map: \n" in ragen
+    assert ours.split("Grid Map:\n")[1] == ragen.split("Grid Map: \n")[1]  # same state, same grid
+    grid_id = env_id.replace("Coord", "")
+    assert gym.make(grid_id, observation_style="ragen").reset(seed=5)[0] == gym.make(grid_id).reset(seed=5)[0]
+    with pytest.raises(ValueError, match="observation_style"):
+        gym.make(env_id, observation_style="RAGEN")
+
+
+def test_ragen_coord_ids():
+    fl = gym.make("llmgym/RagenCoordFrozenLake-v0").unwrapped
+    assert (fl.observation_format, fl.observation_style, fl.success_rate) == ("grid_coord", "ragen", 1.0)
+    sk = gym.make("llmgym/RagenCoordSokoban-v0").unwrapped
+    assert (sk.observation_format, sk.observation_style) == ("grid_coord", "ragen")

@@ -142,3 +142,41 @@ def test_parser_only_raises_value_error(text):
         return
     for level in levels:
         assert parse_level(format_xsb(level)) == level
+
+
+def _room(size: int) -> str:
+    rows = ["#" * size] + ["#" + " " * (size - 2) + "#" for _ in range(size - 2)] + ["#" * size]
+    rows[1] = "#@$." + " " * (size - 5) + "#"
+    return "\n".join(rows)
+
+
+def test_total_board_cells_of_a_text_are_bounded(monkeypatch):
+    from llm_gym.envs.sokoban import level as level_module
+
+    text = "\n\n".join([_room(10)] * 12)  # 1,200 cells
+    assert len(parse_levels(text)) == 12
+    monkeypatch.setattr(level_module, "MAX_TOTAL_CELLS", 1000)
+    with pytest.raises(ValueError, match="more than 1,000 board cells"):
+        parse_levels(text, source="big.xsb")
+
+
+def test_load_levels_parses_a_file_once_until_it_changes(tmp_path, monkeypatch):
+    import gymnasium as gym
+
+    import llm_gym  # noqa: F401
+    from llm_gym.envs.sokoban import level as level_module
+
+    calls = []
+    real = level_module.parse_levels
+    monkeypatch.setattr(level_module, "parse_levels", lambda *a, **k: calls.append(1) or real(*a, **k))
+    path = tmp_path / "levels.xsb"
+    path.write_text(_room(8) + "\n\n" + _room(9))
+    first = load_levels(path)
+    second = load_levels(path)
+    assert first == second and first is not second and len(calls) == 1
+    # Every SokobanFile env on the file shares the parse.
+    for _ in range(3):
+        gym.make("llmgym/SokobanFile-v0", level_file=str(path)).reset(seed=0)
+    assert len(calls) == 1
+    path.write_text(_room(8))  # changed (size differs): parsed again
+    assert len(load_levels(path)) == 1 and len(calls) == 2

@@ -103,3 +103,52 @@ def test_distribution_matches_ragens_generator_on_2000_seeds():
     assert abs(np.mean(lengths <= 2) - 0.31) < 0.03
     assert abs(np.mean(lengths > 10) - 0.007) < 0.02
     assert abs(lengths.mean() - 4.21) < 0.3
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dim_room": (4, 4)}, "dim_room rows"),  # a 2x2 interior: no room ever passed reverse play
+        ({"dim_room": (6, 101)}, "dim_room cols"),
+        ({"dim_room": (6, 6), "num_boxes": 5}, "num_boxes"),
+        ({"search_depth": 1001}, "search_depth"),
+        ({"search_depth": 10**12}, "search_depth"),
+        ({"num_steps": 10**9}, "num_steps"),
+        ({"max_rooms": 10**9}, "max_rooms"),
+        ({"solver_max_states": 10**8}, "solver_max_states"),
+        ({"p_change_directions": "x"}, "p_change_directions"),
+    ],
+)
+def test_ragen_config_bounds(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RagenGeneratorConfig(**kwargs)
+    # The env takes the same bounds at construction, not at reset.
+    env_kwargs = {k: v for k, v in kwargs.items() if k in ("dim_room", "num_boxes", "search_depth")}
+    if env_kwargs:
+        with pytest.raises(ValueError):
+            gym.make("llmgym/Sokoban-v0", generator="ragen", **env_kwargs)
+
+
+def test_ragen_rooms_share_one_explored_state_budget(monkeypatch):
+    import time
+
+    from llm_gym.envs.sokoban import ragen_generator
+
+    # 18 boxes in a 20x20 room: rooms keep failing; only the budget over all rooms ends the search.
+    monkeypatch.setattr(ragen_generator, "TOTAL_EXPLORED", 20_000)
+    config = RagenGeneratorConfig(dim_room=(20, 20), num_boxes=18, search_depth=1000, max_rooms=100_000)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="reverse-play states"):
+        generate_ragen_level(np.random.default_rng(0), config)
+    assert time.monotonic() - start < 5
+
+
+def test_env_forwards_solver_max_states_to_ragen_generator():
+    env = gym.make(
+        "llmgym/Sokoban-v0", generator="ragen", dim_room=(10, 10), num_boxes=3, solver_max_states=3
+    ).unwrapped
+    assert env.generator.solver_max_states == 3
+    with pytest.raises(ValueError, match="solver_max_states"):  # a clear ValueError, not a RuntimeError
+        env.reset(seed=0)
+    with pytest.raises(ValueError, match="solver_max_states"):
+        gym.make("llmgym/Sokoban-v0", generator="ragen", solver_max_states=0)

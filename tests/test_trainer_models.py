@@ -35,6 +35,9 @@ def test_check_model_needs_config_and_template(tmp_path):
     with pytest.raises(ModelError, match="no chat template"):
         check_model(str(folder))
     (folder / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(ModelError, match="no tokenizer files"):
+        check_model(str(folder))
+    (folder / "tokenizer.json").write_text("{}")
     assert check_model(str(folder)) == str(folder.resolve())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pygame
 import pytest
 
@@ -126,3 +127,110 @@ def test_window_loop_with_posted_events(records):
     assert not state.running
     assert (state.episode, state.turn) == (1, 0)
     assert not pygame.display.get_init()
+
+
+def test_lazy_frames_equal_the_full_replay_in_any_order():
+    from llm_gym.render.replay import replay_episode
+
+    responses = [format_response([a], "x") for a in ("Right", "Down", "Left", "Right", "Down")]
+    rec = record_episode(
+        "llmgym/FrozenLakeDeterministic-v0",
+        responses,
+        seed=3,
+        reset_options={"map": ["SFFF", "FFFF", "FFFF", "FFFG"]},
+    )
+    full = replay_episode(rec).frames
+    data = load_episode(rec)
+    assert data.problem is None and len(data.frames) == len(full) == len(rec.turns) + 1
+    for t in (4, 1, 5, 0, 3, 2, -1):  # backward jumps restart the replay from the reset
+        assert (data.frames[t] == full[t]).all(), t
+    # A tampered observation: the env's boards up to it, then the recorded text, as in the full replay.
+    import dataclasses
+
+    turns = list(rec.turns)
+    turns[2] = dataclasses.replace(turns[2], observation="tampered")
+    bad = dataclasses.replace(rec, turns=turns)
+    full = replay_episode(bad)
+    data = load_episode(bad)
+    assert data.problem and "turn 3" in data.problem and str(full.mismatch) in data.problem
+    for t in (5, 0, 3, 2, 4):
+        assert (data.frames[t] == full.frames[t]).all(), t
+    data.close()
+
+
+def test_a_10k_turn_record_opens_fast_in_bounded_memory():
+    """Issue 16 item 9: the viewer drew every state when an episode was opened (10,001 boards, ~4.4 GB)."""
+    import time
+    import tracemalloc
+
+    from llm_gym.render.viewer import FRAME_CACHE_SIZE
+
+    n = 10_000
+    moves = [format_response(["Right" if i % 2 == 0 else "Left"], "r") for i in range(n)]
+    rec = record_episode(
+        "llmgym/FrozenLakeDeterministic-v0",
+        moves,
+        seed=0,
+        env_kwargs={"max_turns": n, "max_actions": n},
+        reset_options={"map": ["SFFF", "FFFF", "FFFF", "FFFG"]},
+    )
+    assert len(rec.turns) == n
+    state = ViewerState([rec, rec])
+    t0 = time.perf_counter()
+    draw_viewer(state)  # opens the episode: checks the record (a replay without drawing), draws state 0
+    state.handle_key("end")
+    draw_viewer(state)
+    opened = time.perf_counter() - t0
+    # Drawing all states took ~11 s and 4.4 GB; checking and drawing two takes ~0.4 s here.
+    assert opened < 4.0, f"opening and jumping to the end took {opened:.2f} s"
+    frames = state.episode_frames().frames
+    assert len(frames) == n + 1
+    drawn = frames.drawn
+    for _ in range(FRAME_CACHE_SIZE):  # stepping back: one restart caches half a cache of earlier states
+        state.handle_key("left")
+        draw_viewer(state)
+    assert frames.drawn - drawn == FRAME_CACHE_SIZE and state.turn == n - FRAME_CACHE_SIZE
+    tracemalloc.start()
+    state.handle_key("down")  # the second episode, opened with memory traced
+    draw_viewer(state)
+    state.handle_key("end")
+    draw_viewer(state)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert state.episode_frames().frames.cached <= FRAME_CACHE_SIZE
+    # One board is 0.44 MB; all 10,001 were 4.4 GB.
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    state.close()
+
+
+def test_open_episodes_are_bounded_and_closed():
+    from llm_gym.render.viewer import EPISODE_CACHE_SIZE, CachedFrames
+
+    closed = []
+
+    def loader(rec):
+        frames = CachedFrames(3, lambda i: np.zeros((4, 4, 3), np.uint8), close=lambda: closed.append(1))
+        return EpisodeFrames(frames)
+
+    state = ViewerState([object()] * (EPISODE_CACHE_SIZE + 3), loader=loader)
+    opened = [state.episode_frames()]
+    for _ in range(EPISODE_CACHE_SIZE + 2):
+        state.handle_key("down")
+        opened.append(state.episode_frames())
+    assert len(closed) == 3  # the three least recently shown episodes
+    state.handle_key("up")
+    assert state.episode_frames() is opened[-2]  # still open: not reloaded
+    state.close()
+    assert len(closed) == len(opened)
+
+
+def test_cached_frames_keep_at_most_cache_size():
+    from llm_gym.render.viewer import CachedFrames
+
+    calls = []
+    frames = CachedFrames(100, lambda i: calls.append(i) or np.full((2, 2, 3), i, np.uint8), cache_size=4)
+    assert [int(frames[i][0, 0, 0]) for i in (0, 1, 2, 3, 0, 4, 1, -1)] == [0, 1, 2, 3, 0, 4, 1, 99]
+    assert calls == [0, 1, 2, 3, 4, 1, 99]  # 0 was a hit; 1 had been evicted by 4
+    assert frames.cached == 4
+    with pytest.raises(IndexError):
+        frames[100]

@@ -12,10 +12,11 @@ RAGEN-2 (arXiv 2604.06268, App. B.2; RAGEN `scripts/runs/run_main_table_diff_alg
 | grpo   | group, std-scaled  | seq-mean-token-mean  |                        |
 | drgrpo | group, mean only   | seq-mean-token-sum   |                        |
 
-and all share no KL loss and an entropy bonus of 0.001. Clip range: RAGEN-2's appendix lists 0.2/0.28 for its
-runs while its table names clip-higher only on the DAPO row. The critic-free algorithms (the default ``grpo``,
-and ``drgrpo``) use the appendix's 0.2/0.28, which is the protocol ``llmgym-train --env X`` promises; ``ppo`` keeps the
-symmetric 0.2 so that ``dapo`` (= PPO + clip-higher) stays a distinct row. In TRL's terms: token-mean is ``loss_type="dapo"``
+and all share no KL loss and an entropy bonus of 0.001. These presets are llm-gym's own reading of that table, not
+RAGEN-2's protocol: in RAGEN's code every row, PPO included, clips at 0.2/0.28 (``config/base.yaml`` lines 38-39)
+with dual-clip 3, and its micro-batches of one sequence make "token-mean" a per-sequence mean. The ``ragen2``
+profile (``trainer/profiles/ragen2/``, ``--profile ragen2``) sets those; here ``ppo`` keeps the symmetric 0.2 so that
+``dapo`` (= PPO + clip-higher) stays a distinct row, and the critic-free ``grpo`` / ``drgrpo`` use 0.2/0.28. In TRL's terms: token-mean is ``loss_type="dapo"``
 (normalised by active tokens of the batch), seq-mean-token-mean is ``"grpo"``, seq-mean-token-sum is
 ``"dr_grpo"`` (TRL divides the token sum by ``max_completion_length``, a constant factor). Note that RAGEN-2's
 "DAPO" keeps the critic: it is PPO with clip-higher, not the critic-free DAPO paper recipe.

@@ -70,6 +70,94 @@ def select_rows(batch: dict, keep: torch.Tensor, multiple: int = 1) -> tuple[dic
     return out, n_pad
 
 
+def select_rows_copy(
+    batch: dict, keep: torch.Tensor, target: int, generator: torch.Generator
+) -> tuple[dict, int]:
+    """Keep the rows where ``keep`` is True, then add random copies of kept rows until there are ``target``.
+
+    RAGEN's ``adjust_batch(mode="copy")`` (``ragen/trainer/agent_trainer.py``): the copies are real samples that
+    count in the loss (drawn without replacement while there are enough kept rows). With no kept row the padding
+    is masked instead (:func:`select_rows`), so nothing is learned. Returns ``(batch, copies)``.
+    """
+    keep = torch.as_tensor(keep, dtype=torch.bool).reshape(-1).cpu()
+    kept = torch.nonzero(keep).reshape(-1)
+    if target < kept.numel():
+        raise ValueError(f"target {target} is below the {kept.numel()} kept rows")
+    if kept.numel() == 0:
+        return select_rows(batch, keep, multiple=max(target, 1))
+    to_add = target - kept.numel()
+    if to_add <= kept.numel():
+        extra = kept[torch.randperm(kept.numel(), generator=generator)[:to_add]]
+    else:
+        extra = kept[torch.randint(kept.numel(), (to_add,), generator=generator)]
+    index = torch.cat([kept, extra])
+    present = [k for k in _NON_ROW_KEYS if batch.get(k) is not None]
+    if present:
+        raise ValueError(f"row copies do not support multimodal batches (found {present})")
+    n = batch["completion_ids"].shape[0]
+    if keep.numel() != n:
+        raise ValueError(f"keep mask has {keep.numel()} entries for a batch of {n} rows")
+    res: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
+            res[key] = value[index.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            res[key] = [value[i] for i in index.tolist()]
+        else:
+            res[key] = value
+    return res, to_add
+
+
+def empty_micro_batch(batch: dict) -> dict:
+    """A one-row micro-batch of the same keys that carries no loss: one prompt and one completion token, every
+    mask and advantage zero. Stands in for an optimizer step that takes no update (cheap forward/backward)."""
+    n = batch["completion_ids"].shape[0]
+    out: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and n and value.shape[0] == n:
+            v = value[:1]
+            if key in ("prompt_ids", "prompt_mask"):
+                v = v[:, -1:]
+            elif v.ndim >= 2 and v.shape[1] == batch["completion_ids"].shape[1]:
+                v = v[:, :1]
+            out[key] = v.clone()
+        elif isinstance(value, list) and len(value) == n:
+            out[key] = value[:1]
+        else:
+            out[key] = value
+    out["completion_mask"] = torch.zeros_like(out["completion_mask"])
+    out["tool_mask"] = torch.zeros_like(out["completion_mask"])
+    out["advantages"] = torch.zeros_like(out["advantages"])
+    return out
+
+
+def split_micro_batches(batch: dict, size: int, count: int) -> tuple[list[dict], int]:
+    """``count`` micro-batches: consecutive ``size``-row slices of ``batch``, then empty ones
+    (:func:`empty_micro_batch`) for the remainder. Returns ``(micro_batches, number_of_real_ones)``."""
+    n = batch["completion_ids"].shape[0]
+    if size < 1 or n % size:
+        raise ValueError(f"{n} rows do not split into micro-batches of {size}")
+    real = min(n // size, count)
+    if n // size > count:
+        raise ValueError(
+            f"{n} rows need {n // size} micro-batches of {size}, more than the {count} available"
+        )
+    chunks = []
+    for i in range(real):
+        chunk: dict = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
+                chunk[key] = value[i * size : (i + 1) * size]
+            elif isinstance(value, list) and len(value) == n:
+                chunk[key] = value[i * size : (i + 1) * size]
+            else:
+                chunk[key] = value
+        chunks.append(chunk)
+    empty = empty_micro_batch(batch) if real < count else None
+    chunks += [empty] * (count - real)
+    return chunks, real
+
+
 def mask_rows(batch: dict, keep: torch.Tensor) -> dict:
     """Soft drop: zero the loss mask and advantages of dropped rows, keeping every shape.
 

@@ -3,7 +3,8 @@
 - :class:`EnvProgressCallback`: latest reward and success rate on the progress bar;
 - :class:`SkipUpdateCallback`: drops the gradients of a round in which the SNR filter kept nothing;
 - :class:`EmptyStopCallback`: stops training after ``filter_empty_stop_steps`` such rounds in a row;
-- :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance series to a JSONL file.
+- :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance series to a JSONL file;
+- :class:`RewardStdCollapseCallback`, :class:`LowSuccessStopCallback`: RAGEN's early stops (off by default).
 
 Callbacks get what they use as constructor arguments (the :class:`~llm_gym.trainer.signals.SignalState`, the
 trainer's public methods); none reads a private attribute of the trainer.
@@ -19,6 +20,8 @@ from typing import Any
 
 from llm_gym.trainer.signals import SignalState
 from transformers import TrainerCallback
+
+from llm_gym.safe_io import append_text
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,13 @@ LOSS_METRICS = (
     "cispo_clip_ratio",
     "vespo/phi_seq_mean",
     "ppo/value_loss",
+    "policy_loss",
+    "clip_ratio/dual_mean",
 )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class EnvProgressCallback(TrainerCallback):
@@ -52,9 +61,10 @@ class EnvProgressCallback(TrainerCallback):
             bar = getattr(cb, "training_bar", None)
             if bar is not None:
                 post = {}
-                if "reward" in logs:
+                # TRL logs a NaN mean (every reward NaN) as None: show only finite numbers
+                if _finite(logs.get("reward")):
                     post["reward"] = f"{logs['reward']:.3f}"
-                if logs.get("env/success") is not None:
+                if _finite(logs.get("env/success")):
                     post["success"] = f"{logs['env/success']:.2f}"
                 if post:
                     bar.set_postfix(post, refresh=False)
@@ -78,7 +88,8 @@ class SkipUpdateCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self.state.skip:
+        # skip: the round kept nothing; empty_step: filter_update_steps="proportional" left this step without rows
+        if not (self.state.skip or self.state.empty_step):
             return
         optimizer = kwargs.get("optimizer") or self.trainer.optimizer
         for group in optimizer.param_groups:
@@ -137,9 +148,79 @@ class CollapseReportCallback(TrainerCallback):
         if not any(k.startswith(("mi/", "snr/")) for k in row):
             return
         row = {"step": state.global_step, **row}
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.path, json.dumps(row) + "\n")  # a failed write leaves no torn line
+
+
+class RewardStdCollapseCallback(TrainerCallback):
+    """RAGEN's reward-variance early stop (``ragen/trainer/agent_trainer.py``, the ``reward_variance_collapse``
+    stop): the baseline is the mean of the in-group reward std (before filtering, averaged over groups) of the first
+    ``early_stop_window`` rounds that kept something; training stops once ``early_stop_window`` consecutive later
+    kept rounds all fall below ``early_stop_reward_std_ratio`` x baseline. Rounds that kept nothing are not counted.
+
+    Reads ``state.last["snr/group_std_before"]`` and ``state.skip`` after each round (set by
+    :func:`llm_gym.trainer.signals.after_scoring`)."""
+
+    def __init__(self, state: SignalState, ratio: float, window: int) -> None:
+        from collections import deque
+
+        self.state, self.ratio, self.window = state, float(ratio), int(window)
+        self.first: list[float] = []
+        self.recent: deque[float] = deque(maxlen=self.window)
+        self.base: float | None = None
+        self.seen_round = 0
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        st = self.state
+        if st.rounds != self.seen_round:  # one new generation round since the last look
+            self.seen_round = st.rounds
+            std = st.last.get("snr/group_std_before")
+            if std is not None and not st.skip and math.isfinite(std):
+                if self.base is None:
+                    self.first.append(std)
+                    if len(self.first) == self.window:
+                        self.base = sum(self.first) / self.window
+                else:
+                    self.recent.append(std)
+                    if (
+                        len(self.recent) == self.window
+                        and all(v < self.ratio * self.base for v in self.recent)
+                        and st.stop_reason is None
+                    ):
+                        st.stop_reason = (
+                            f"stopping at step {state.global_step}: reward std collapsed (last {self.window} rounds "
+                            f"below {self.ratio} x the baseline {self.base:.4g}; early_stop_reward_std_ratio)"
+                        )
+                        logger.warning(st.stop_reason)
+                        print(f"[llm-gym] {st.stop_reason}", flush=True)
+        if st.stop_reason is not None:
+            control.should_training_stop = True
+
+
+class LowSuccessStopCallback(TrainerCallback):
+    """RAGEN's low-validation-success early stop (``ragen/trainer/agent_trainer.py``, ``low_validation_success``):
+    stop when ``eval_env/success`` stays below ``early_stop_min_success`` for ``early_stop_evals`` evaluations in a
+    row."""
+
+    def __init__(self, state: SignalState, min_success: float, evals: int) -> None:
+        self.state, self.min_success, self.evals = state, float(min_success), int(evals)
+        self.low = 0
+
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
+    ) -> None:
+        value = (metrics or {}).get("eval_env/success")
+        if value is None:
+            return
+        self.low = self.low + 1 if value < self.min_success else 0
+        if self.low >= self.evals and self.state.stop_reason is None:
+            self.state.stop_reason = (
+                f"stopping at step {state.global_step}: evaluation success below {self.min_success} for "
+                f"{self.low} evaluations in a row (early_stop_min_success)"
+            )
+            logger.warning(self.state.stop_reason)
+            print(f"[llm-gym] {self.state.stop_reason}", flush=True)
+        if self.state.stop_reason is not None:
+            control.should_training_stop = True
 
 
 def make_signal_callbacks(
@@ -157,6 +238,23 @@ def make_signal_callbacks(
             "under DeepSpeed without the filter."
         )
     callbacks: list[TrainerCallback] = [SkipUpdateCallback(state, trainer), EmptyStopCallback(state)]
+    if getattr(args, "early_stop_reward_std_ratio", 0.0) > 0:
+        callbacks.append(
+            RewardStdCollapseCallback(state, args.early_stop_reward_std_ratio, args.early_stop_window)
+        )
+    if getattr(args, "early_stop_min_success", 0.0) > 0:
+        callbacks.append(LowSuccessStopCallback(state, args.early_stop_min_success, args.early_stop_evals))
     if args.collapse_report:
         callbacks.append(CollapseReportCallback(os.path.join(args.output_dir, args.collapse_report)))
+        from llm_gym.trainer.trackers import CollapsePlotCallback, image_trackers
+
+        trackers = image_trackers(args.report_to)
+        if trackers:  # the collapse plot as an image in TensorBoard / trackio (after the series is written)
+            callbacks.append(
+                CollapsePlotCallback(
+                    os.path.join(args.output_dir, args.collapse_report),
+                    trainer.callback_handler.callbacks,
+                    trackers,
+                )
+            )
     return callbacks

@@ -4,7 +4,9 @@ Configuration layers, later ones win:
 
 1. the ``--algo`` algorithm (:mod:`llm_gym.trainer.algorithms`; default: the profile's ``algo``, else ``grpo``);
 2. the environment's settings in the ``--profile`` (``trainer/profiles/<profile>/<env>.yaml``; the default
-   profile ``recommended`` holds our recommended settings per environment, following RAGEN-2's protocol);
+   profile ``recommended`` holds our recommended settings per environment, NOT RAGEN-2's protocol: ``--profile
+   ragen2`` reproduces RAGEN-2's main-table runs; a profile folder's ``_common.yaml`` applies to all its
+   environments and its ``per_algo`` block to one ``--algo``);
 3. CPU-sized settings, only when no GPU is found;
 4. ``--config file.yaml``;
 5. command-line fields, TRL style (``--learning_rate 1e-5``, ``-o`` for ``--output_dir``);
@@ -32,8 +34,10 @@ from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 #: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
 PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "recommended"
-#: Keys a profile or config file may hold besides config fields.
-META_KEYS = ("model", "algo")
+#: Keys a profile or config file may hold besides config fields (``per_algo``: settings per ``--algo`` name).
+META_KEYS = ("model", "algo", "per_algo")
+#: A profile folder's settings shared by all its environments (an environment's file wins over it).
+PROFILE_COMMON = "_common.yaml"
 
 #: Settings used when no GPU is available, unless the user sets them (sized for 2 CPU cores, a few minutes).
 #: ``per_device_train_batch_size`` then defaults to ``num_prompts * num_generations`` (one micro-batch per round).
@@ -100,9 +104,24 @@ def profile_path(env: str, profile: str = DEFAULT_PROFILE) -> Path | None:
     if p.is_file():
         return p
     if profile != DEFAULT_PROFILE:
-        have = sorted(f.stem for f in (PROFILE_DIR / profile).glob("*.yaml"))
+        have = sorted(f.stem for f in (PROFILE_DIR / profile).glob("*.yaml") if not f.stem.startswith("_"))
         raise ConfigError(f"profile {profile!r} has no settings for {env_id} (it covers: {', '.join(have)})")
     return None
+
+
+def load_profile(path: Path) -> dict[str, Any]:
+    """A profile's settings for one environment: the folder's ``_common.yaml`` (if any), then the environment's
+    file on top (``per_algo`` merged per algorithm)."""
+    common_path = path.with_name(PROFILE_COMMON)
+    data = load_yaml(common_path) if common_path.is_file() else {}
+    env_data = load_yaml(path)
+    per_algo = {k: dict(v) for k, v in (data.get("per_algo") or {}).items()}
+    for k, v in (env_data.get("per_algo") or {}).items():
+        per_algo.setdefault(k, {}).update(v)
+    data.update(env_data)
+    if per_algo:
+        data["per_algo"] = per_algo
+    return data
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -145,13 +164,42 @@ def build_parser() -> Any:
         f"{DEFAULT_PROFILE!r}: our recommended settings).",
     )
     group.add_argument("--config", default=None, help="YAML file of field: value overrides.")
+    group.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="Resolve every setting, print the protocol table (setting, value, source) and the per-GPU memory "
+        "estimate, and exit; no weights are loaded.",
+    )
+    group.add_argument(
+        "--gpu_memory_gib",
+        type=float,
+        default=None,
+        help="--dry_run: GPU memory to check the estimate against.",
+    )
+    group.add_argument(
+        "--model_config",
+        default=None,
+        help="--dry_run: the model's config.json (default: the --model folder's or its cached hub snapshot's).",
+    )
+    group.add_argument(
+        "--accelerate_config",
+        default=None,
+        help="--dry_run: the accelerate config the run will use (sharding, processes); default one process.",
+    )
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override one field.")
     group.add_argument(
         "--resume",
         nargs="?",
         const="latest",
         default=None,
-        help="Resume from the latest checkpoint in output_dir, or from the given checkpoint folder.",
+        help="Resume from the newest complete checkpoint in output_dir, or from the given checkpoint folder; "
+        "episode records written after it are dropped (they are played again).",
+    )
+    group.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Start afresh in a non-empty output_dir: its checkpoints, records, reports and final model are "
+        "removed first (without this or --resume, a non-empty output_dir is refused).",
     )
     return parser
 
@@ -191,6 +239,11 @@ def _explicit_cli(parser: Any, argv: list[str]) -> tuple[dict[str, Any], argpars
         config=given.pop("config", None),
         set=given.pop("set", []),
         resume=given.pop("resume", None),
+        dry_run=given.pop("dry_run", False),
+        gpu_memory_gib=given.pop("gpu_memory_gib", None),
+        model_config=given.pop("model_config", None),
+        accelerate_config=given.pop("accelerate_config", None),
+        overwrite_output_dir=given.pop("overwrite_output_dir", False),
     )
     return given, meta
 
@@ -223,7 +276,9 @@ def has_gpu() -> bool:
         return False
 
 
-def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tuple[Any, dict[str, Any]]:
+def resolve_config(
+    argv: list[str], *, gpu: bool | None = None, log=print, dry_run: bool = False
+) -> tuple[Any, dict[str, Any]]:
     """Merge the layers into an ``LLMGymGRPOConfig``; returns ``(config, meta)`` with ``meta`` holding
     ``model``, ``algo`` and ``resume``. Raises :class:`ConfigError` / ``ValueError`` on bad configuration."""
     from llm_gym.trainer.algorithms import algorithm_overrides, get_algorithm
@@ -247,9 +302,12 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
 
     env = sets.get("env", explicit.get("env", user_file.get("env", "FrozenLake")))
     profile_file = profile_path(str(env), opts.profile or DEFAULT_PROFILE)
-    profile = load_yaml(profile_file) if profile_file else {}
+    profile = load_profile(profile_file) if profile_file else {}
     _check_keys(profile, str(profile_file), names)
-    profile = {k: _convert(parser, k, v) for k, v in profile.items()}
+    per_algo = profile.get("per_algo") or {}
+    for settings in per_algo.values():
+        _check_keys(settings, f"{profile_file} per_algo", names)
+    profile = {k: _convert(parser, k, v) for k, v in profile.items() if k != "per_algo"}
 
     def pick(key: str, default: Any = None) -> Any:
         for layer in (sets, {"model": opts.model, "algo": opts.algo}, user_file, profile):
@@ -260,8 +318,12 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
     algo = get_algorithm(str(pick("algo", "grpo"))).name
     model = pick("model", "Qwen/Qwen2.5-3B-Instruct")
     gpu = has_gpu() if gpu is None else gpu
+    cpu_layer: dict[str, Any] = {}
     merged: dict[str, Any] = dict(algorithm_overrides(algo))
     merged.update({k: v for k, v in profile.items() if k not in META_KEYS})
+    # the profile's settings for this algorithm (e.g. RAGEN-2's loss aggregation of each row)
+    profile_algo = {k: _convert(parser, k, v) for k, v in (per_algo.get(algo) or {}).items()}
+    merged.update(profile_algo)
     user_keys = set(user_file) | set(explicit) | set(sets)
     if not gpu:
         cpu = {k: v for k, v in CPU_SETTINGS.items() if k not in user_keys}
@@ -274,6 +336,7 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
             + "). Override any of them on the command line."
         )
         merged.update(cpu)
+        cpu_layer = cpu
     merged.update({k: v for k, v in user_file.items() if k not in META_KEYS})
     merged.update(explicit)
     merged.update({k: v for k, v in sets.items() if k not in META_KEYS})
@@ -284,13 +347,42 @@ def resolve_config(argv: list[str], *, gpu: bool | None = None, log=print) -> tu
         )
     merged["env"] = env
     merged.setdefault("output_dir", str(Path("runs") / f"{_short(str(env))}-{algo}"))
-    config = LLMGymGRPOConfig(**merged)
+    build = dict(merged)
+    if dry_run and not has_gpu():
+        # --dry_run resolves the GPU settings on any machine: the config object is only built to validate them
+        build.update(use_cpu=True, bf16=False, fp16=False)
+    config = LLMGymGRPOConfig(**build)
     return config, {
         "model": model,
         "algo": algo,
         "profile": opts.profile or DEFAULT_PROFILE,
         "resume": opts.resume,
+        "overwrite_output_dir": opts.overwrite_output_dir,
+        "dry_run": opts.dry_run,
+        "gpu_memory_gib": opts.gpu_memory_gib,
+        "model_config": opts.model_config,
+        "accelerate_config": opts.accelerate_config,
+        # every layer as merged, for --dry_run's source column (later wins)
+        "layers": [
+            (f"preset (--algo {algo})", algorithm_overrides(algo)),
+            (f"profile {opts.profile or DEFAULT_PROFILE}", {**profile, **profile_algo}),
+            ("cpu settings", cpu_layer),
+            (f"--config {opts.config}", user_file),
+            ("flag", {**explicit, **sets}),
+        ],
+        "profile_file": str(profile_file) if profile_file else None,
+        "merged": merged,
     }
+
+
+def _num(value: Any) -> str:
+    """A metric for the summary lines: ``n/a`` when it is missing or not a finite number (TRL logs a NaN reward
+    as None in its log history, e.g. when every reward function returned NaN)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return f"{x:.3f}" if x == x and abs(x) != float("inf") else "n/a"
 
 
 def _eval_summary(metrics: dict[str, Any]) -> str:
@@ -303,7 +395,7 @@ def _eval_summary(metrics: dict[str, Any]) -> str:
     ):
         value = metrics.get(f"eval_env/{key}")
         if value is not None:
-            parts.append(f"{label} {value:.3f}")
+            parts.append(f"{label} {_num(value)}")
     return ", ".join(parts) or "no metrics"
 
 
@@ -327,8 +419,9 @@ def _eval_report(config: Any) -> dict[str, Any]:
     seeds = list(range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
     samples = int(getattr(config, "num_generations_eval", 1) or 1)
     report = evaluation_report(config.env, seeds, config.make_env_kwargs(), records, samples=samples)
-    out = Path(config.output_dir) / EVAL_REPORT_FILE
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    from llm_gym.safe_io import atomic_write_text
+
+    atomic_write_text(Path(config.output_dir) / EVAL_REPORT_FILE, json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -344,15 +437,85 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return EXIT_OK
-    from llm_gym.trainer.models import ModelError, check_model
+    from llm_gym.trainer.models import ModelError, adapter_base, check_model
+    from llm_gym.trainer.output import prepare_output_dir
 
-    log = print if int(os.environ.get("RANK", "0")) == 0 else (lambda *_: None)
+    from llm_gym.safe_io import OutputLock, OutputLockedError
+
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    log = print if main_process else (lambda *_: None)
+    lock = None
+    if "--dry_run" in argv:
+        from llm_gym.trainer.dry_run import dry_run
+
+        try:
+            config, meta = resolve_config(argv, gpu=True, log=log, dry_run=True)
+            return dry_run(config, meta)
+        except (ConfigError, ValueError) as e:
+            return _error(str(e))
     try:
         config, meta = resolve_config(argv, log=log)
-        check_model(str(meta["model"]), chat_template=config.chat_template)
-    except (ConfigError, ModelError, ValueError) as e:
+        resolved = check_model(str(meta["model"]), chat_template=config.chat_template)
+        if config.use_peft and Path(resolved).is_dir() and adapter_base(resolved) is not None:
+            raise ConfigError(
+                f"{meta['model']} is a LoRA adapter: without --use_peft llmgym-train continues training it; "
+                "to train a new adapter, pass its base model (or a merged model) as --model"
+            )
+        _check_env(config)
+        if meta["resume"] == "latest" and not Path(config.output_dir).is_dir():
+            raise ConfigError(f"--resume: output folder {config.output_dir} does not exist")
+        if main_process:
+            # One run per output folder, held until this process ends (other ranks share rank 0's run).
+            lock = OutputLock(config.output_dir, "training run").acquire()
+            meta["resume"] = prepare_output_dir(
+                config, meta["resume"], bool(meta.get("overwrite_output_dir")), log=log
+            )
+        elif meta["resume"] == "latest":  # rank 0 checked it; every rank loads the same one
+            from llm_gym.trainer.output import find_resume_checkpoint
+
+            folder, _ = find_resume_checkpoint(config.output_dir)
+            meta["resume"] = str(folder) if folder else None
+    except (ConfigError, ModelError, OutputLockedError, ValueError) as e:
+        if lock is not None:
+            lock.release()
         return _error(str(e))
-    return run(config, meta)
+    except OSError as e:  # an output folder under a file, a full disk, ...
+        if lock is not None:
+            lock.release()
+        return _error(_os_error(e), EXIT_RUNTIME)
+    try:
+        return run(config, meta)
+    except Exception as e:
+        if not _is_io_failure(e):
+            raise
+        return _error(_os_error(e), EXIT_RUNTIME)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _is_io_failure(e: BaseException) -> bool:
+    """An ``OSError``, or a writer's own error for one (torch.save's ``PytorchStreamWriter failed writing``,
+    safetensors' ``IoError``): a full disk while saving a checkpoint surfaces as these."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e)
+    if isinstance(e, RuntimeError) and "failed writing" in text:
+        return True
+    return type(e).__name__ == "SafetensorError" and ("IoError" in text or "No space" in text)
+
+
+def _check_env(config: Any) -> None:
+    """Make the environment once with the run's kwargs, so an unknown or out-of-range kwarg
+    (``--env_kwargs '{"bogus": 1}'``) is a usage error now rather than a traceback after the model loaded."""
+    from llm_gym.registration import make_env
+
+    make_env(config.env, config.make_env_kwargs()).close()
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an I/O error (``[Errno 28] No space left on device: 'path'``)."""
+    return " ".join(str(e).split())
 
 
 def run(config: Any, meta: dict[str, Any]) -> int:
@@ -364,8 +527,9 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     t0 = time.time()
     try:
         dtype = "float32" if config.use_cpu or not has_gpu() else "auto"
+        # A LoRA adapter folder as --model: its adapter keeps training (with --use_peft TRL refuses it).
         model, tokenizer = load_model_and_tokenizer(
-            str(meta["model"]), dtype=dtype, chat_template=config.chat_template
+            str(meta["model"]), dtype=dtype, chat_template=config.chat_template, adapter_trainable=True
         )
         cls = trainer_class(meta["algo"])
         # The rollout function probes the chat template here, before any training or evaluation.
@@ -385,10 +549,8 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     before = trainer.evaluate() if do_eval else {}
     if before:
         say(f"llmgym-train: before training: {_eval_summary(before)}")
-    resume: Any = None
-    if meta.get("resume"):
-        resume = True if meta["resume"] == "latest" else meta["resume"]
-    trainer.train(resume_from_checkpoint=resume)
+    # main() resolved --resume to a complete checkpoint folder
+    trainer.train(resume_from_checkpoint=meta.get("resume") or None)
     after = trainer.evaluate() if do_eval else {}
     trainer.save_model(str(Path(config.output_dir) / "final"))
     if is_main:
@@ -407,12 +569,12 @@ def run(config: Any, meta: dict[str, Any]) -> int:
             base = format_baseline(report["baseline"])
             print(f"llmgym-train: baseline on the same seeds and limits: {base}")
             summary.append(
-                f"success before {before.get('eval_env/success', float('nan')):.3f} -> "
-                f"after {after.get('eval_env/success', float('nan')):.3f} ({base})"
+                f"success before {_num(before.get('eval_env/success'))} -> "
+                f"after {_num(after.get('eval_env/success'))} ({base})"
             )
         if last:
             summary.append(
-                f"last train reward {last['reward']:.3f}, success {last.get('env/success', float('nan')):.3f}"
+                f"last train reward {_num(last['reward'])}, success {_num(last.get('env/success'))}"
             )
         print(" | ".join(summary))
         if config.collapse_report:

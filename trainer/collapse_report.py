@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from llm_gym.safe_io import atomic_path
+
 DEFAULT_FILE = "collapse.jsonl"
 
 #: (panel title, y label, [(key, label)])
@@ -81,6 +83,9 @@ def read_series(path: str | os.PathLike) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # the writer was killed mid-line: skip the torn last line
+                    print(f"warning: {p}:{n}: ignoring a torn last line", file=sys.stderr)
+                    break
                 raise ValueError(f"{p}:{n}: not JSON ({e})") from None
             if not isinstance(row, dict) or "step" not in row:
                 raise ValueError(f"{p}:{n}: each line must be an object with a 'step'")
@@ -159,9 +164,11 @@ def plot(rows: Sequence[dict], out: str | os.PathLike, title: str = "") -> str:
     fig.suptitle(title or "llm-gym collapse report", fontsize=12)
     fig.tight_layout()
     out = str(out)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(out) as tmp:  # a failed write (full disk) leaves no partial PNG
+            fig.savefig(tmp, dpi=110, format=Path(out).suffix[1:] or "png")
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -184,7 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     run_dir = ns.run if os.path.isdir(ns.run) else os.path.dirname(os.path.abspath(ns.run))
     out = ns.out or os.path.join(run_dir, "collapse.png")
-    plot(rows, out, ns.title or f"collapse report: {os.path.basename(os.path.abspath(run_dir))}")
+    try:
+        plot(rows, out, ns.title or f"collapse report: {os.path.basename(os.path.abspath(run_dir))}")
+    except OSError as e:  # full disk, an output path under a file: exit 1 (as every llm-gym command)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     for line in summary(rows):
         print(line)
     print(f"wrote {out}")

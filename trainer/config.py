@@ -14,7 +14,11 @@ Groups (one dataclass each, mixed into ``LLMGymGRPOConfig``):
 - :class:`OutputArguments`: episode records and the collapse report;
 - :class:`FilterArguments`: SNR-aware group filtering (RAGEN-2, Sec. 4);
 - :class:`MIArguments`: mutual-information collapse metrics (RAGEN-2, Sec. 3);
-- :class:`PPOArguments`: the critic and GAE, read only by ``--algo ppo`` / ``--algo dapo``.
+- :class:`PPOArguments`: the critic and GAE, read only by ``--algo ppo`` / ``--algo dapo``;
+- :class:`LossArguments`: dual-clip and one aggregation for every loss term (RAGEN-2's veRL loss);
+- :class:`EarlyStopArguments`: RAGEN's early stops (reward-variance collapse, low validation success);
+- ``LoRAArguments``: TRL's ``ModelConfig`` LoRA flags (``--use_peft``, ``--lora_r``, ...), built from TRL's own
+  fields by :func:`llm_gym.trainer.lora.lora_arguments`.
 
 Defaults that other modules share (``llmgym-eval``, the policies) are the module constants below; they import
 them from here and never repeat the numbers. Importing this module is cheap: ``LLMGymGRPOConfig`` (which needs
@@ -53,6 +57,10 @@ FILTER_STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "off")
 FILTER_METRICS = ("variance", "std")
 FILTER_DROPS = ("remove", "mask")
 FILTER_LOSS_SCALINGS = ("none", "linear", "sqrt")
+FILTER_UPDATE_STEPS = ("fixed", "proportional")
+CHAT_STYLES = ("llmgym", "ragen")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+CRITIC_MODELS = ("head", "separate")
 MI_REASONING = ("think", "turn")
 MI_MARGINALS = ("code", "paper")
 MI_SCORERS = ("cached", "trl")
@@ -161,6 +169,14 @@ class PromptArguments:
     chat_template: str | None = field(
         default=None, metadata={"help": "Path to a Jinja chat template that replaces the tokenizer's."}
     )
+    chat_style: str = field(
+        default="llmgym",
+        metadata={
+            "help": "Chat text: llmgym (ours) or ragen (RAGEN's exact system/turn text, a Reward: line each turn, and "
+            "'<think>' appended to every generation prompt as untrained prompt tokens).",
+            "choices": list(CHAT_STYLES),
+        },
+    )
 
     def chat_format(self) -> ChatFormat:
         """The ``ChatFormat`` of training and in-training evaluation rollouts: always the full history, so the
@@ -169,6 +185,7 @@ class PromptArguments:
             system_prompt=self.system_prompt,
             reward_feedback=self.reward_feedback,
             one_shot=self.one_shot_example,
+            style=self.chat_style,
         )
 
 
@@ -274,8 +291,8 @@ class FilterArguments:
     filter_eps: float = field(
         default=0.01,
         metadata={
-            "help": "top_p threshold slack: keep the smallest prefix reaching rho*total - eps; "
-            "rho*total <= eps rejects the batch."
+            "help": "top_p threshold slack in reward units (RAGEN: 0.01 on its std score; squared for the variance "
+            "score): keep the smallest prefix reaching rho*total - eps; rho*total <= eps rejects the batch."
         },
     )
     filter_metric: str = field(
@@ -297,6 +314,23 @@ class FilterArguments:
             "mask: keep them with zero loss weight (full compute; needed for multimodal batches)."
         },
     )
+    filter_update_steps: str = field(
+        default="fixed",
+        metadata={
+            "help": "fixed: every round takes the same optimizer steps, the kept rows spread over them; "
+            "proportional (RAGEN): kept rows are padded with random duplicates to whole update batches and only "
+            "ceil(kept rows / update batch) optimizer steps change the weights, the round's other steps are "
+            "empty (no gradient, weights and AdamW state untouched). Needs filter_drop=remove.",
+            "choices": list(FILTER_UPDATE_STEPS),
+        },
+    )
+    advantages_after_filter: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute the advantages (the compute_advantages hook: PPO's GAE and whitening) on the rows the "
+            "filter kept, as RAGEN does, instead of on the whole round before filtering."
+        },
+    )
     filter_empty_stop_steps: int = field(
         default=5,
         metadata={
@@ -312,16 +346,31 @@ class FilterArguments:
             "filter_metric": FILTER_METRICS,
             "filter_loss_scaling": FILTER_LOSS_SCALINGS,
             "filter_drop": FILTER_DROPS,
+            "filter_update_steps": FILTER_UPDATE_STEPS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.filter_update_steps == "proportional" and self.filter_drop != "remove":
+            raise ValueError("filter_update_steps='proportional' needs filter_drop='remove'")
+        if self.advantages_after_filter and self.filter_loss_scaling != "none":
+            raise ValueError(
+                "advantages_after_filter computes the advantages after the filter, so filter_loss_scaling would be "
+                "overwritten; use filter_loss_scaling='none' with it"
+            )
         if not _nonnegative_int(self.filter_empty_stop_steps):
             raise ValueError(
                 f"filter_empty_stop_steps must be an integer >= 0, got {self.filter_empty_stop_steps!r}"
             )
         spg, group = getattr(self, "steps_per_generation", None), getattr(self, "num_generations", None)
-        if self.filter_strategy != "off" and self.filter_drop == "remove" and spg and group and group % spg:
+        if (
+            self.filter_strategy != "off"
+            and self.filter_drop == "remove"
+            and self.filter_update_steps == "fixed"
+            and spg
+            and group
+            and group % spg
+        ):
             logger.warning(
                 "SNR filtering: steps_per_generation=%s does not divide num_generations=%s, so each process pads "
                 "its kept rows with up to %s masked rows (they cost compute) for TRL's even split into micro-batches. "
@@ -477,8 +526,25 @@ class PPOArguments:
         },
     )
 
+    critic_model: str = field(
+        default="head",
+        metadata={
+            "help": "head: a linear value head on the policy's backbone (one model); separate: a full critic model "
+            "initialised from the policy's weights with its own value head, as RAGEN/veRL (PPO only).",
+            "choices": list(CRITIC_MODELS),
+        },
+    )
+    critic_weight_decay: float = field(
+        default=0.0,
+        metadata={"help": "AdamW weight decay of the critic's parameters (veRL's critic: 0.01) (PPO only)."},
+    )
+
     def validate_ppo_args(self) -> None:
         """Raise ``ValueError`` with a clear message when a PPO setting is out of range."""
+        if self.critic_model not in CRITIC_MODELS:
+            raise ValueError(f"critic_model must be one of {CRITIC_MODELS}, got {self.critic_model!r}")
+        if _finite("critic_weight_decay", self.critic_weight_decay) < 0:
+            raise ValueError(f"critic_weight_decay must be >= 0, got {self.critic_weight_decay}")
         if _finite("vf_coef", self.vf_coef) < 0:
             raise ValueError(f"vf_coef must be >= 0, got {self.vf_coef}")
         if _finite("value_lr", self.value_lr) <= 0:
@@ -495,9 +561,101 @@ class PPOArguments:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
+# ------------------------------------------------------------------------------------------ loss
+@dataclass
+class LossArguments:
+    """How the policy loss is built when it differs from TRL's: dual-clip, and one aggregation for every term.
+
+    Both unset: TRL computes the loss as its ``loss_type`` says. Either set: llm-gym computes it
+    (:mod:`llm_gym.trainer.losses`), with the entropy bonus and KL aggregated like the policy term (veRL).
+    """
+
+    loss_agg_mode: str | None = field(
+        default=None,
+        metadata={
+            "help": "Aggregate policy, entropy and KL terms alike: token-mean, seq-mean-token-mean (per sequence: "
+            "RAGEN's token-mean with micro-batches of one sequence), seq-mean-token-sum (RAGEN's Dr.GRPO) or "
+            "seq-mean-token-sum-norm (TRL's dr_grpo). None: TRL's loss_type decides (its entropy is a token mean).",
+            "choices": list(LOSS_AGG_MODES),
+        },
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={
+            "help": "Dual-clip PPO bound c > 1 for negative advantages (Ye et al. 2020; veRL clip_ratio_c, RAGEN: "
+            "3.0). None: off."
+        },
+    )
+
+    def validate_loss_args(self) -> None:
+        """Raise ``ValueError`` for an unknown aggregation, a dual-clip bound <= 1, or a TRL option our loss lacks."""
+        if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"loss_agg_mode must be one of {LOSS_AGG_MODES} or None, got {self.loss_agg_mode!r}"
+            )
+        if self.dual_clip is not None and not _finite("dual_clip", self.dual_clip) > 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.loss_agg_mode is None and self.dual_clip is None:
+            return
+        loss_type = getattr(self, "loss_type", "dapo")
+        if loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):
+            raise ValueError(
+                f"loss_agg_mode / dual_clip work with loss_type grpo, dr_grpo, dapo or bnpo, not {loss_type!r}"
+            )
+        unsupported = {
+            "top_entropy_quantile": getattr(self, "top_entropy_quantile", 1.0) < 1.0,
+            "importance_sampling_level": getattr(self, "importance_sampling_level", "token") != "token",
+            "delta": getattr(self, "delta", None) is not None,
+            "off_policy_mask_threshold": getattr(self, "off_policy_mask_threshold", None) is not None,
+            "use_adaptive_entropy": bool(getattr(self, "use_adaptive_entropy", False)),
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(
+                f"loss_agg_mode / dual_clip do not support TRL's {', '.join(bad)}; leave them at default"
+            )
+
+
+# ------------------------------------------------------------------------------------------ early stops
+@dataclass
+class EarlyStopArguments:
+    """RAGEN's early stops (``ragen/trainer/agent_trainer.py``): off by default, on in the ``ragen2`` profile."""
+
+    early_stop_reward_std_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "Stop when the mean in-group reward std of early_stop_window consecutive kept rounds stays below "
+            "this fraction of its mean over the first early_stop_window kept rounds (RAGEN: 0.1); 0 = off."
+        },
+    )
+    early_stop_window: int = field(
+        default=10,
+        metadata={"help": "Rounds of the reward-std baseline and of the collapse window (RAGEN: 10)."},
+    )
+    early_stop_min_success: float = field(
+        default=0.0,
+        metadata={
+            "help": "Stop when the evaluation success stays below this for early_stop_evals evaluations in a row "
+            "(RAGEN: 0.01); 0 = off."
+        },
+    )
+    early_stop_evals: int = field(
+        default=5, metadata={"help": "Consecutive low-success evaluations before stopping (RAGEN: 5)."}
+    )
+
+    def validate_early_stop_args(self) -> None:
+        for name in ("early_stop_reward_std_ratio", "early_stop_min_success"):
+            if not 0.0 <= _finite(name, getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("early_stop_window", "early_stop_evals"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+
+
 # ------------------------------------------------------------------------------------------ the full config
 def _define_config() -> type:
     """Define ``LLMGymGRPOConfig`` (imports TRL, so it runs on first access, not at import)."""
+    from llm_gym.trainer.lora import lora_arguments
     from trl import GRPOConfig
 
     @dataclass
@@ -509,9 +667,12 @@ def _define_config() -> type:
         EvalArguments,
         SignalArguments,
         PPOArguments,
+        LossArguments,
+        EarlyStopArguments,
+        lora_arguments(),  # TRL's ModelConfig LoRA flags (--use_peft, --lora_r, ...), see trainer/lora.py
     ):
         """TRL's ``GRPOConfig`` plus llm-gym's environment, prompt, rollout, evaluation, output, SNR filter,
-        MI and PPO settings (see the module docstring for the groups)."""
+        MI, PPO and LoRA settings (see the module docstring for the groups)."""
 
         # TRL fields whose default differs for multi-turn environment training.
         num_generations_eval: int | None = field(
@@ -533,8 +694,16 @@ def _define_config() -> type:
                 raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
             if self.num_eval_seeds < 0:
                 raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
-            if self.eval_temperature < 0:
+            if _finite("eval_temperature", self.eval_temperature) < 0:
                 raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+            # Sampling divides the logits by the temperature: 0 gives inf / NaN probabilities mid-training.
+            if not _finite("temperature", self.temperature) > 0:
+                raise ValueError(
+                    f"temperature must be > 0 (training samples the rollouts), got {self.temperature}; "
+                    "use a small value such as 0.1 for near-greedy sampling"
+                )
+            if _finite("learning_rate", self.learning_rate) < 0:
+                raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
             if self.num_prompts is not None:
                 if not _positive_int(self.num_prompts):
                     raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
@@ -572,6 +741,8 @@ def _define_config() -> type:
                 )
             self.validate_signal_args()
             self.validate_ppo_args()
+            self.validate_loss_args()
+            self.validate_early_stop_args()
 
         @property
         def num_prompts_per_round(self) -> int:
@@ -612,4 +783,6 @@ __all__ = [
     "PromptArguments",
     "RolloutArguments",
     "SignalArguments",
+    "LossArguments",
+    "EarlyStopArguments",
 ]

@@ -35,9 +35,10 @@ from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eva
     outcome_summary,
     wilson_interval,
 )
-from llm_gym.agent.records import EpisodeRecord, iter_records, write_records
+from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail, write_records
 from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
+from llm_gym.safe_io import OutputLock, OutputLockedError, atomic_write_text
 
 #: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed``).
 DEFAULT_SEED_START = EVAL_SEED
@@ -206,6 +207,11 @@ def evaluate(
     output = Path(output)
     env_kwargs = dict(env_kwargs or {})
     fp = dict(fingerprint)
+    if resume and repair_torn_tail(output):  # a killed run's half-written last line; it is played again
+        print(
+            f"llmgym-eval: {output}: removed a torn last line (the previous run was interrupted)",
+            file=sys.stderr,
+        )
     done = load_done(output, fp, env_kwargs) if resume else {}
     if not resume and output.exists() and output.stat().st_size > 0:
         raise ValueError(
@@ -273,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
     )
     p.add_argument(
-        "--model", required=True, help="hub id, local folder or 'smollm2'; with --endpoint: the served name"
+        "--model",
+        required=True,
+        help="hub id, local folder, LoRA adapter folder (with adapter_config.json: loaded on its base model) or "
+        "'smollm2'; with --endpoint: the served name",
     )
     p.add_argument(
         "--endpoint",
@@ -386,13 +395,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from llm_gym.agent.chat import ChatFormat
 
     args = build_parser().parse_args(argv)
+    lock = None
     try:
         env_ids, env_kwargs, ks = _check_args(args)
         out_dir = Path(args.output_dir)
         episodes = out_dir / EPISODES_FILE
+        # One evaluation per output folder (two would interleave their episodes in one file). A folder that
+        # does not exist yet is locked once the model or endpoint proved usable, so a bad command line
+        # creates no folder.
+        if out_dir.is_dir():
+            lock = OutputLock(out_dir, "evaluation").acquire()
         if episodes.exists() and episodes.stat().st_size > 0 and not (args.resume or args.overwrite):
             raise ValueError(f"{episodes} already has episodes; pass --resume to continue it or --overwrite")
         policy, model_name = make_policy(args)
+        if lock is None:
+            lock = OutputLock(out_dir, "evaluation").acquire()
         if args.overwrite and episodes.exists():
             episodes.unlink()
         fingerprint = {
@@ -418,30 +435,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             ks=ks,
             progress=not args.no_progress,
         )
-    except (
-        ValueError
-    ) as e:  # bad arguments, and a model (ModelError) or endpoint (EndpointError) that cannot serve
+        for env_id, per in result["per_env"].items():  # chance and the optimum on the same seeds and limits
+            per["baseline"] = baseline_success(env_id, seeds, env_kwargs, samples=args.samples_per_seed)
+        summary = {
+            **fingerprint,
+            "envs": result["per_env"],
+            "seeds": [seeds[0], seeds[-1]],
+            "samples_per_seed": args.samples_per_seed,
+            "env_kwargs": env_kwargs,
+            "episodes_file": str(episodes),
+            "episodes_played": result["episodes_played"],
+            "episodes_resumed": result["episodes_resumed"],
+            "wall_seconds": round(result["wall_seconds"], 3),
+            "episodes_per_minute": result["episodes_per_minute"],
+        }
+        atomic_write_text(out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    except (ValueError, OutputLockedError) as e:
+        # bad arguments, a busy output folder, and a model (ModelError) or endpoint (EndpointError) that cannot serve
         print(f"llmgym-eval: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:
-        print(f"llmgym-eval: error: {e}", file=sys.stderr)
+    except OSError as e:  # full disk, an output path under a file, ...: one line, exit 1
+        print(f"llmgym-eval: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_RUNTIME
-    for env_id, per in result["per_env"].items():  # chance and the optimum on the same seeds and limits
-        per["baseline"] = baseline_success(env_id, seeds, env_kwargs, samples=args.samples_per_seed)
-    summary = {
-        **fingerprint,
-        "envs": result["per_env"],
-        "seeds": [seeds[0], seeds[-1]],
-        "samples_per_seed": args.samples_per_seed,
-        "env_kwargs": env_kwargs,
-        "episodes_file": str(episodes),
-        "episodes_played": result["episodes_played"],
-        "episodes_resumed": result["episodes_resumed"],
-        "wall_seconds": round(result["wall_seconds"], 3),
-        "episodes_per_minute": result["episodes_per_minute"],
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    finally:
+        if lock is not None:
+            lock.release()
     print(format_table(result["per_env"]))
     print(f"episodes: {episodes}  summary: {out_dir / SUMMARY_FILE}")
     return EXIT_OK

@@ -126,8 +126,14 @@ def clipped_value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     clip: float | None = 0.2,
+    *,
+    agg: str = "token-mean",
+    norm_length: int | None = None,
 ) -> torch.Tensor:
     """PPO's clipped value loss: ``0.5 * masked_mean(max((V - R)^2, (V_clip - R)^2))``.
+
+    ``agg`` aggregates the per-token loss like the policy loss (:func:`llm_gym.trainer.losses.aggregate`; veRL's
+    critic uses the actor's ``loss_agg_mode``); the default is the token mean over the batch.
 
     ``V_clip = V_old + clamp(V - V_old, -clip, clip)`` keeps the critic near the values seen at rollout time;
     ``clip=None`` gives the plain squared error. Returns a scalar (0 when the mask is empty).
@@ -140,7 +146,11 @@ def clipped_value_loss(
     if clip is not None:
         v_clipped = old_values + (values - old_values).clamp(-clip, clip)
         loss = torch.maximum(loss, (v_clipped - returns) ** 2)
-    return 0.5 * (loss * m).sum() / m.sum().clamp(min=1.0)
+    if agg == "token-mean":
+        return 0.5 * (loss * m).sum() / m.sum().clamp(min=1.0)
+    from llm_gym.trainer.losses import aggregate
+
+    return 0.5 * aggregate(loss, m, agg, norm_length=norm_length)
 
 
 @dataclass(frozen=True)

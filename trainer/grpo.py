@@ -23,12 +23,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from llm_gym.trainer.batch import episode_rewards
+from llm_gym.trainer.batch import episode_rewards, loss_mask, split_micro_batches
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
+from llm_gym.trainer.output import CheckpointMarkerCallback
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
 from llm_gym.trainer.signals import SignalState, after_scoring
 from trl import GRPOTrainer
+
+#: Batch key that carries each row's episode reward through the SNR filter (``advantages_after_filter``).
+ROW_REWARD = "llmgym_episode_reward"
 
 #: Per-episode metrics logged under ``env/`` (means over all processes' episodes of a generation round).
 ENV_METRICS = ("success", "episode_reward", "turns", "valid_action_rate", "effective_action_rate")
@@ -96,6 +100,10 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             train_dataset = seed_dataset(train_seeds(args))
         if eval_dataset is None and args.num_eval_seeds > 0:
             eval_dataset = seed_dataset(eval_seeds(args))
+        if kwargs.get("peft_config") is None and args.use_peft:
+            from llm_gym.trainer.lora import peft_config
+
+            kwargs["peft_config"] = peft_config(args)  # TRL's ModelConfig flags -> LoraConfig
         super().__init__(
             model=model,
             reward_funcs=reward_funcs if reward_funcs is not None else [env_reward],
@@ -112,6 +120,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
         self.signal_state = SignalState.for_process(args.seed, self.accelerator.process_index)
         self.add_callback(EnvProgressCallback(self.callback_handler))
+        # completion marker of each checkpoint, written after every process saved its files
+        self.add_callback(CheckpointMarkerCallback(self.accelerator.wait_for_everyone))
         for cb in make_signal_callbacks(
             args, self.signal_state, self, deepspeed=bool(getattr(self, "is_deepspeed_enabled", False))
         ):
@@ -177,8 +187,106 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         rewards = episode_rewards(self._round_rewards_per_func, self.reward_weights)
         n = out["prompt_ids"].size(0)
         start = self.accelerator.process_index * n
-        out = self.compute_advantages(out, rewards[start : start + n].to(self.accelerator.device))
-        return after_scoring(self, out, rewards.detach().cpu().double().numpy(), self.signal_state)
+        local = rewards[start : start + n].to(self.accelerator.device)
+        gathered = rewards.detach().cpu().double().numpy()
+        if self.args.advantages_after_filter:
+            # RAGEN computes (and whitens) advantages on the rows the filter kept, copies included: the reward
+            # rides along with its row through the filter
+            out[ROW_REWARD] = local
+            out = after_scoring(self, out, gathered, self.signal_state)
+            return self.compute_advantages(out, out.pop(ROW_REWARD))
+        out = self.compute_advantages(out, local)
+        return after_scoring(self, out, gathered, self.signal_state)
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering of one generation round into micro-batches, except with
+        ``filter_update_steps="proportional"``: the kept rows fill the first micro-batches in order of a random
+        shuffle and the round's remaining ones are empty, flagged so that their optimizer steps take no update."""
+        args = self.args
+        if (
+            not self.model.training
+            or args.filter_update_steps != "proportional"
+            or args.filter_strategy == "off"
+        ):
+            return super()._prepare_inputs(generation_batch)
+        spg = args.steps_per_generation
+        if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            n = batch["completion_ids"].shape[0]
+            perm = torch.randperm(n, generator=self.signal_state.copy_generator).tolist()
+            batch = {
+                k: (v[perm] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == n else v)
+                for k, v in batch.items()
+            }
+            self._buffered_inputs, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
+        index = self._step % spg
+        real = self.signal_state.real_micro_batches
+        self.signal_state.empty_step = real is not None and index >= real
+        return self._buffered_inputs[index]
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss, or with ``loss_agg_mode`` / ``dual_clip`` set, :func:`llm_gym.trainer.losses.policy_loss`:
+        the clipped (dual-clipped) surrogate with the entropy bonus and KL aggregated like the policy term."""
+        args = self.args
+        if args.loss_agg_mode is None and args.dual_clip is None:
+            return super()._compute_loss(model, inputs)
+        from llm_gym.trainer.losses import TRL_LOSS_TYPE_AGG, policy_loss
+
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=True
+        )
+        mask = loss_mask(inputs)
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+        kl = None
+        if self.beta != 0.0:
+            ref = inputs["ref_per_token_logps"]
+            kl = torch.exp(ref - logps) - (ref - logps) - 1
+        weights = None
+        if self.use_vllm and args.vllm_importance_sampling_correction:
+            weights = inputs["importance_sampling_ratio"]
+        mode = "train" if self.model.training else "eval"
+        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
+        agg = args.loss_agg_mode or TRL_LOSS_TYPE_AGG.get(self.loss_type, "token-mean")
+        res = policy_loss(
+            logps,
+            old,
+            inputs["advantages"],
+            mask,
+            clip_low=self.epsilon_low,
+            clip_high=self.epsilon_high,
+            agg=agg,
+            dual_clip=args.dual_clip,
+            entropies=entropies,
+            entropy_coef=self.entropy_coef,
+            kl=kl,
+            beta=self.beta,
+            norm_length=self.max_completion_length,
+            weights=weights,
+        )
+        if args.loss_agg_mode is None and self.loss_type == "dapo":
+            # TRL's token mean over the whole update batch: token sum / the tokens of one optimizer step
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * ga / args.steps_per_generation
+            loss = res.total * mask.sum().clamp(min=1.0) / normalizer
+        else:
+            loss = res.total / ga
+        gather = self.accelerator.gather
+        m = self._metrics[mode]
+        m["policy_loss"].append(gather(res.policy.detach()).nanmean().item())
+        tokens = self.accelerator.reduce(
+            torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()]), reduction="sum"
+        )
+        m["entropy"].append((tokens[0] / tokens[1].clamp(min=1.0)).item())
+        m["clip_ratio/region_mean"].append(gather(res.clip_frac).mean().item())
+        if args.dual_clip is not None:
+            m["clip_ratio/dual_mean"].append(gather(res.dual_clip_frac).mean().item())
+        if kl is not None:
+            m["kl"].append(gather(res.kl.detach()).mean().item())
+        return loss
 
     # ------------------------------------------------------------------------------------------ helpers
     def _gather_mean(self, values: list[float]) -> float:

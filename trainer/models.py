@@ -125,6 +125,29 @@ def _read_chat_template(path: str) -> str:
     return text
 
 
+#: A folder holding this file is a PEFT (LoRA) adapter saved by ``save_pretrained``, not a full model.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(folder: str | Path) -> str | None:
+    """The base model named by the LoRA adapter in ``folder`` (``base_model_name_or_path`` of its
+    ``adapter_config.json``), or None when ``folder`` is not an adapter. Raises :class:`ModelError` for an
+    unreadable adapter config."""
+    path = Path(folder) / ADAPTER_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > 1_000_000:  # a config, not data: bound what we parse
+            raise ModelError(f"{path} is larger than 1 MB; not an adapter config")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"cannot read the adapter config {path}: {e}") from None
+    base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
+    if not isinstance(base, str) or not base.strip():
+        raise ModelError(f"{path} names no base_model_name_or_path; cannot load the adapter's base model")
+    return base
+
+
 def check_model(name_or_path: str, chat_template: str | None = None) -> str:
     """Resolve and validate without loading weights: the folder (or cached hub snapshot) must have a config and
     a chat template, unless ``chat_template`` (a Jinja file that replaces the tokenizer's) is given and readable.
@@ -137,13 +160,45 @@ def check_model(name_or_path: str, chat_template: str | None = None) -> str:
         return name
     resolved = resolve_model(name_or_path)
     folder = Path(resolved)
+    base = adapter_base(folder) if folder.is_dir() else None
+    if base is not None:  # a LoRA adapter: its base must be usable; the template may come from either
+        if Path(base).resolve() == folder.resolve():
+            raise ModelError(f"adapter {resolved} names itself as its base model")
+        # The tokenizer (and its template) saved with the adapter wins over the base model's.
+        _check_resolved(
+            resolve_model(base),
+            bool(chat_template) or _has_chat_template(folder),
+            tokenizer_given=_has_tokenizer_files(folder),
+        )
+        return resolved
+    return _check_resolved(resolved, bool(chat_template))
+
+
+#: A folder holding one of these has a tokenizer (fast, SentencePiece, BPE or WordPiece vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def _has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _check_resolved(resolved: str, template_given: bool, *, tokenizer_given: bool = False) -> str:
+    """``check_model`` after resolution; ``template_given``: a template comes from elsewhere (a file, an adapter);
+    ``tokenizer_given``: so does the tokenizer (an adapter folder holding one)."""
+    folder = Path(resolved)
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ModelError(f"model folder {resolved} has no config.json; is it a transformers checkpoint?")
-        if not chat_template and not _has_chat_template(folder):
+        if not template_given and not _has_chat_template(folder):
             raise ModelError(
                 f"model folder {resolved} has no chat template (chat_template.jinja or tokenizer_config.json "
                 "'chat_template'); multi-turn rollouts need one. Use an instruct model or pass --chat_template FILE."
+            )
+        if not tokenizer_given and not _has_tokenizer_files(folder):
+            # Without this, the tokenizer load fails after the weights loaded, or reaches for the hub.
+            raise ModelError(
+                f"model folder {resolved} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); copy "
+                "them from the model it was trained from"
             )
         return resolved
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
@@ -157,29 +212,47 @@ def check_model(name_or_path: str, chat_template: str | None = None) -> str:
     return resolved
 
 
+def load_tokenizer(name_or_path: str, *, chat_template: str | None = None) -> Any:
+    """The tokenizer of a model (hub id, folder, ``smollm2``, or a LoRA adapter folder: the tokenizer saved with
+    the adapter, else its base model's), with ``chat_template`` (a Jinja file) replacing its template. Loads no
+    weights; left padding and a pad token are set."""
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model(name_or_path)
+    source = resolved
+    base = adapter_base(resolved) if Path(resolved).is_dir() else None
+    if base is not None and not _has_tokenizer_files(Path(resolved)):
+        source = resolve_model(base)
+    tok = AutoTokenizer.from_pretrained(source)
+    if chat_template:
+        tok.chat_template = _read_chat_template(chat_template)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def load_model_and_tokenizer(
     name_or_path: str,
     *,
     dtype: str | None = "auto",
     device_map: Any = None,
     chat_template: str | None = None,
+    adapter_trainable: bool = False,
     **model_kwargs: Any,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for training: left padding, a pad token, a chat template (or ``ModelError``).
+    """Load ``(model, tokenizer)``: left padding, a pad token, a chat template (or ``ModelError``).
 
-    ``chat_template`` is a Jinja file that replaces the tokenizer's template (applied before the check)."""
+    ``chat_template`` is a Jinja file that replaces the tokenizer's template (applied before the check). A LoRA
+    adapter folder (one with ``adapter_config.json``, as ``llmgym-train --use_peft`` saves) loads its base model
+    with the adapter on top (a ``PeftModel``; its adapter weights trainable only with ``adapter_trainable``)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     resolved = resolve_model(name_or_path)
-    tok = AutoTokenizer.from_pretrained(resolved)
-    if chat_template:
-        tok.chat_template = _read_chat_template(chat_template)
+    tok = load_tokenizer(resolved, chat_template=chat_template)
     if not getattr(tok, "chat_template", None):
         raise ModelError(f"tokenizer of {resolved} has no chat template; multi-turn rollouts need one")
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
     kwargs = dict(model_kwargs)
     if dtype not in (None, "auto"):
         kwargs["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -187,7 +260,12 @@ def load_model_and_tokenizer(
         kwargs["dtype"] = "auto"
     if device_map is not None:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(resolved, **kwargs)
+    base = adapter_base(resolved) if Path(resolved).is_dir() else None
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
+    if base is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, resolved, is_trainable=adapter_trainable)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok

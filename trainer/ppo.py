@@ -18,12 +18,19 @@ TRL removed its own ``PPOTrainer`` in 1.13; this one is a subclass of
   ``save_pretrained``'s output), and restored on ``resume_from_checkpoint``;
 - with PEFT the hook goes on the base model's backbone and the value head stays trainable.
 
+With ``critic_model="separate"`` the critic is a full model instead (RAGEN / veRL: ``critic.model.path`` is the
+policy's, ``config/base.yaml``): :class:`ValueModel`, a copy of the policy's backbone at initialisation with its
+own value head, attached to the causal LM as ``critic`` so the Trainer's optimizer and accelerate see it, in its
+own parameter group (``value_lr``, ``critic_weight_decay``), saved as ``critic.safetensors``. It runs its own
+forward for the rollout-time values and in the loss.
+
 The PPO loss follows Schulman et al. 2017 (arXiv:1707.06347), GAE Schulman et al. 2016 (arXiv:1506.02438).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Iterator
@@ -38,6 +45,7 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+CRITIC_FILE = "critic.safetensors"
 #: Keys of the per-row tensors PPO adds to a scored generation batch.
 OLD_VALUES, RETURNS, VALUE_MASK = "ppo_old_values", "ppo_returns", "ppo_value_mask"
 
@@ -82,6 +90,41 @@ def attach_value_head(model: nn.Module, init_std: float = 1e-3) -> nn.Linear:
     return head
 
 
+class ValueModel(nn.Module):
+    """A separate critic: a decoder backbone plus ``v_head = Linear(hidden, 1)``; ``forward`` gives (B, L) values."""
+
+    def __init__(self, body: nn.Module, hidden: int, init_std: float = 1e-3):
+        super().__init__()
+        self.body = body
+        ref = next(body.parameters())
+        self.v_head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
+        nn.init.normal_(self.v_head.weight, std=init_std)
+        nn.init.zeros_(self.v_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
+
+
+def attach_critic(model: nn.Module, init_std: float = 1e-3) -> ValueModel:
+    """Attach (or return the existing) separate critic ``critic`` to the causal LM inside ``model``: a deep copy of
+    its backbone (the policy's initial weights, as veRL loads the critic from the policy's path) and a fresh value
+    head; kept out of the policy's ``save_pretrained``."""
+    lm = causal_lm(model)
+    if isinstance(getattr(lm, "critic", None), ValueModel):
+        return lm.critic
+    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
+        raise ValueError("critic_model='separate' is not supported with PEFT/LoRA; use critic_model='head'")
+    body = copy.deepcopy(backbone(lm))
+    critic = ValueModel(body, lm.config.get_text_config().hidden_size, init_std)
+    critic.requires_grad_(True)
+    lm.critic = critic
+    ignore = set(getattr(lm, "_keys_to_ignore_on_save", None) or ())
+    lm._keys_to_ignore_on_save = ignore | {f"critic.{k}" for k in critic.state_dict()}
+    return critic
+
+
 class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     """PPO with a value head and GAE over model tokens, on llm-gym's multi-turn rollouts.
 
@@ -93,8 +136,31 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._value_buffer: list[torch.Tensor] | None = None
-        self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
-        backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+        self._critic: ValueModel | None = None
+        if self.args.critic_model == "separate":
+            self._critic = attach_critic(self.model, self.args.value_head_init_std)
+            self._v_head = self._critic.v_head
+        else:
+            self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
+            backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+
+    @property
+    def critic(self) -> ValueModel | None:
+        """The separate critic model (``critic_model="separate"``), else None."""
+        return self._critic
+
+    def _critic_parameters(self) -> list[nn.Parameter]:
+        return list((self._critic or self._v_head).parameters())
+
+    def _critic_values(
+        self, ids: torch.Tensor, attn: torch.Tensor, P: int, C: int, chunk: int
+    ) -> torch.Tensor:
+        """Values of the states before each completion token from the separate critic, ``chunk`` rows a forward."""
+        parts = [
+            self._critic(ids[i : i + chunk], attn[i : i + chunk])[:, P - 1 : P - 1 + C]
+            for i in range(0, ids.size(0), chunk)
+        ]
+        return torch.cat(parts, dim=0).float()
 
     @property
     def value_head(self) -> nn.Linear:
@@ -124,6 +190,8 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         P, C = out["prompt_ids"].size(1), out["completion_ids"].size(1)
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        if self._critic is not None:
+            return self._critic_values(ids, attn, P, C, self.args.per_device_train_batch_size)
         with self._capturing_values() as buf:
             self._get_per_token_logps_and_entropies(
                 self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size
@@ -161,15 +229,27 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if RETURNS not in inputs:  # evaluation batches have no PPO targets
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        with self._capturing_values() as buf:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         P, C = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)
-        values = _completion_values(buf, P, C).float()
+        if self._critic is not None:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            values = self._critic_values(ids, attn, P, C, ids.size(0))
+        else:
+            with self._capturing_values() as buf:
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            values = _completion_values(buf, P, C).float()
         mask = loss_mask(inputs)  # padding rows added by the SNR filter have none
         if inputs.get(VALUE_MASK) is not None:  # unscorable rows have no value target
             mask = mask * inputs[VALUE_MASK]
         vf_loss = clipped_value_loss(
-            values, inputs[OLD_VALUES], inputs[RETURNS], mask, clip=self.args.value_clip or None
+            values,
+            inputs[OLD_VALUES],
+            inputs[RETURNS],
+            mask,
+            clip=self.args.value_clip or None,
+            agg=self.args.loss_agg_mode or "token-mean",
+            norm_length=self.args.max_completion_length,
         )
         mode = "train" if self.model.training else "eval"
         ga = self.current_gradient_accumulation_steps if mode == "train" else 1
@@ -183,17 +263,23 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
-        """TRL/Trainer's optimizer, with the value head moved into its own group at ``value_lr`` (no decay)."""
+        """TRL/Trainer's optimizer, with the critic (value head, or the separate critic model) moved into its own
+        group at ``value_lr`` with ``critic_weight_decay``."""
         optimizer = super().create_optimizer(model)
-        head = list(self._v_head.parameters())
+        head = self._critic_parameters()
         ids = {id(p) for p in head}
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) not in ids]
-        optimizer.add_param_group({"params": head, "lr": self.args.value_lr, "weight_decay": 0.0})
+        optimizer.add_param_group(
+            {"params": head, "lr": self.args.value_lr, "weight_decay": self.args.critic_weight_decay}
+        )
         return optimizer
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if self._critic is not None:
+            self._save_critic(output_dir, state_dict)
+            return
         if state_dict is not None:  # FSDP / DeepSpeed gathered the full state dict: take the head from it
             head_sd = {k.rsplit("v_head.", 1)[1]: v for k, v in state_dict.items() if "v_head." in k}
             state_dict = {k: v for k, v in state_dict.items() if "v_head." not in k}
@@ -210,14 +296,34 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in head_sd.items()}
         save_file(tensors, os.path.join(output_dir, VALUE_HEAD_FILE), metadata={"format": "pt"})
 
+    def _save_critic(self, output_dir: str | None, state_dict: dict | None) -> None:
+        if state_dict is not None:
+            critic_sd = {k.split("critic.", 1)[1]: v for k, v in state_dict.items() if "critic." in k}
+            state_dict = {k: v for k, v in state_dict.items() if "critic." not in k}
+        else:
+            critic_sd = {}
+        super()._save(output_dir, state_dict=state_dict)
+        if not self.args.should_save:
+            return
+        from safetensors.torch import save_file
+
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not critic_sd:
+            critic_sd = self._critic.state_dict()
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in critic_sd.items()}
+        save_file(tensors, os.path.join(output_dir, CRITIC_FILE), metadata={"format": "pt"})
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
-        load_value_head(self._v_head, resume_from_checkpoint)
+        if self._critic is not None:
+            load_critic(self._critic, resume_from_checkpoint)
+        else:
+            load_value_head(self._v_head, resume_from_checkpoint)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         # The value head is not in the policy weights by design; it comes from value_head.safetensors.
         if hasattr(load_result, "_replace"):
-            missing = [k for k in load_result.missing_keys if "v_head." not in k]
+            missing = [k for k in load_result.missing_keys if "v_head." not in k and "critic." not in k]
             load_result = load_result._replace(missing_keys=missing)
         super()._issue_warnings_after_load(load_result)
 
@@ -241,6 +347,19 @@ def load_value_head(head: nn.Linear, folder: str) -> bool:
     return True
 
 
+def load_critic(critic: ValueModel, folder: str) -> bool:
+    """Load ``critic.safetensors`` from ``folder`` into the separate critic; False (with a warning) if absent."""
+    path = os.path.join(folder, CRITIC_FILE)
+    if not os.path.isfile(path):
+        logger.warning("%s has no %s: the critic starts from its initialisation", folder, CRITIC_FILE)
+        return False
+    from safetensors.torch import load_file
+
+    result = critic.load_state_dict(load_file(path), strict=True)
+    del result
+    return True
+
+
 def _completion_values(buf: list[torch.Tensor], P: int, C: int) -> torch.Tensor:
     """Values of the states before each completion token: hidden position ``P - 1 + t`` for token ``t``."""
     if not buf:
@@ -251,4 +370,13 @@ def _completion_values(buf: list[torch.Tensor], P: int, C: int) -> torch.Tensor:
     return full[:, P - 1 : P - 1 + C]
 
 
-__all__ = ["VALUE_HEAD_FILE", "LLMGymPPOTrainer", "attach_value_head", "load_value_head"]
+__all__ = [
+    "CRITIC_FILE",
+    "VALUE_HEAD_FILE",
+    "LLMGymPPOTrainer",
+    "ValueModel",
+    "attach_critic",
+    "attach_value_head",
+    "load_critic",
+    "load_value_head",
+]

@@ -74,13 +74,15 @@ class ChatTemplateTokens:
     message (``<|im_end|>``, ``<|eot_id|>``, ...) and the template text that follows it.
     """
 
-    def __init__(self, tokenizer: Any):
-        if not getattr(tokenizer, "chat_template", None):
+    def __init__(self, tokenizer: Any, chat_template: str | None = None):
+        if not (chat_template or getattr(tokenizer, "chat_template", None)):
             raise ChatTemplateError(
                 "the tokenizer has no chat template; multi-turn rollouts need one (use an instruct model or "
                 "pass --chat_template FILE)"
             )
         self.tokenizer = tokenizer
+        #: The template rendered (None: the tokenizer's own); e.g. TRL's training variant of a thinking template.
+        self.chat_template = chat_template
         probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         prompt = self.render(probe, add_generation_prompt=True)
         full = self.render([*probe, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
@@ -111,7 +113,10 @@ class ChatTemplateTokens:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -210,6 +215,9 @@ def play_token_episodes(
         raise ValueError("max_completion_length must be >= 2")
     tok = template.tokenizer
     env_kwargs = dict(env_kwargs or {})
+    # ChatFormat(style="ragen") opens every reply with "<think>": prompt tokens after the generation prompt (never
+    # trained), and part of the reply text the environment parses (RAGEN ``ctx_manager.py`` adds it back too)
+    prefix_ids = template.encode(chat.generation_prefix) if chat.generation_prefix else []
     episodes: list[TokenEpisode] = []
     try:
         for i, seed in enumerate(seeds):
@@ -228,7 +236,8 @@ def play_token_episodes(
                 reset_options=options,
                 meta={**(meta or {}), "group_index": (first_index + i) % group_size},
             )
-            episodes.append(TokenEpisode(env, conv, int(seed), template.prompt_ids(conv.messages()), rec))
+            prompt = template.prompt_ids(conv.messages()) + prefix_ids
+            episodes.append(TokenEpisode(env, conv, int(seed), prompt, rec))
 
         for _turn in range(MAX_TURNS_GUARD):
             active = [e for e in episodes if not e.done]
@@ -249,6 +258,8 @@ def play_token_episodes(
                     list(lps)[: max(budget, 0)],
                     template,
                     max_completion_length,
+                    prefix=chat.generation_prefix,
+                    prefix_ids=prefix_ids,
                 )
     finally:
         for e in episodes:
@@ -262,8 +273,14 @@ def _finish_turn(
     lps: list[float],
     template: ChatTemplateTokens,
     max_completion_length: int,
+    *,
+    prefix: str = "",
+    prefix_ids: Sequence[int] = (),
 ) -> None:
-    """Append one model turn (cut at the first stop token), step the env, append the next observation."""
+    """Append one model turn (cut at the first stop token), step the env, append the next observation.
+
+    ``prefix`` (text) / ``prefix_ids`` (its tokens) is the chat style's generation prefix: the reply text the
+    environment sees starts with it, and its tokens end the next turn's untrained between-turn tokens."""
     stop = set(template.stop_ids)
     cut = next((k + 1 for k, t in enumerate(ids) if t in stop), None)
     if cut is not None:
@@ -277,7 +294,9 @@ def _finish_turn(
     # ends the reply is left out. Other special tokens stay as text, so "<answer>Le<|im_start|>ft</answer>" is
     # not a valid "Left" (skipping them would score text the model never produced).
     reply = ids[:-1] if ids and ids[-1] in stop else ids
-    text = template.tokenizer.decode(reply, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text = prefix + template.tokenizer.decode(
+        reply, skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     obs, reward, terminated, truncated, info = e.env.step(text)
     e.conv.add_reply(text)
     e.record.turns.append(TurnRecord.from_step(text, obs, reward, terminated, truncated, info))
@@ -286,7 +305,7 @@ def _finish_turn(
         return
     history = e.conv.messages(window=None)
     user = e.conv.add_observation(obs, reward=float(reward), info=info)
-    between = template.between_turns_ids(history, user)
+    between = template.between_turns_ids(history, user) + list(prefix_ids)
     # Room for the observation, at least one model token and an end-of-turn token.
     if len(e.completion_ids) + len(between) + 2 > max_completion_length:
         e.done, e.stop_reason = True, "budget"
@@ -378,7 +397,10 @@ class EnvRolloutFunc:
 
     def __init__(self, args: Any, tokenizer: Any):
         self.args = args
-        self.template = ChatTemplateTokens(tokenizer)
+        from llm_gym.trainer.chat_templates import training_template_tokens
+
+        # The tokenizer's template, or TRL's training variant of one that rewrites history (logged).
+        self.template = training_template_tokens(tokenizer)
         #: The :class:`RolloutInfo` of the latest call (None before the first).
         self.last: RolloutInfo | None = None
 

@@ -29,7 +29,13 @@ import numpy as np
 import torch
 from llm_gym.trainer import mutual_info as mi
 from llm_gym.trainer import snr_filter as snr
-from llm_gym.trainer.batch import loss_mask, mask_rows, select_rows, trim_completion_columns
+from llm_gym.trainer.batch import (
+    loss_mask,
+    mask_rows,
+    select_rows,
+    select_rows_copy,
+    trim_completion_columns,
+)
 
 
 @dataclass
@@ -45,11 +51,19 @@ class SignalState:
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     token_text: dict[int, str] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)  # last round's signal metrics, for tests/benchmarks
+    #: ``filter_update_steps="proportional"``: micro-batches of this round that carry rows (the rest are empty)
+    real_micro_batches: int | None = None
+    #: set per micro-batch by the trainer: the optimizer step being accumulated has no rows (no update)
+    empty_step: bool = False
+    copy_generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
 
     @classmethod
     def for_process(cls, seed: int, process_index: int) -> SignalState:
         """A fresh state whose MI sampling differs across processes but is reproducible per run."""
-        return cls(rng=np.random.default_rng(int(seed) + int(process_index)))
+        return cls(
+            rng=np.random.default_rng(int(seed) + int(process_index)),
+            copy_generator=torch.Generator().manual_seed(int(seed) + int(process_index)),
+        )
 
 
 def after_scoring(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState) -> dict:
@@ -101,12 +115,27 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
     st.consecutive_empty = st.consecutive_empty + 1 if st.skip else 0
 
     n_pad = 0
+    st.real_micro_batches = None
     if filtering:
         scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling)
         if scale != 1.0:
             out["advantages"] = out["advantages"] * scale
         spg = int(getattr(args, "steps_per_generation", None) or 1)
-        if args.filter_drop == "remove":
+        if args.filter_update_steps == "proportional":
+            # RAGEN: pad the kept rows with random copies to whole update batches; only those optimizer steps
+            # update. Every process takes the same number (the most any process needs), for the collectives.
+            ga = int(args.gradient_accumulation_steps)
+            step_rows = int(args.per_device_train_batch_size) * ga
+            most = int(dec.keep_rows(G).reshape(acc.num_processes, n_local).sum(1).max())
+            steps = -(-most // step_rows)
+            out, n_pad = select_rows_copy(out, keep_local, steps * step_rows, st.copy_generator)
+            out, _ = trim_completion_columns(out)
+            st.real_micro_batches = steps * ga
+            # TRL's token-mean ("dapo") normaliser assumes every micro-batch of the round shares the tokens:
+            # scale it so one real optimizer step is normalised by its own share
+            total = acc.gather(loss_mask(out).sum()).sum()
+            out["num_items_in_batch"] = total * spg / max(steps * ga, 1)
+        elif args.filter_drop == "remove":
             # Every process keeps the same number of rows (the most any process kept, in whole micro-batches):
             # TRL gathers per-row loss metrics, and unequal shapes break that collective (gloo aborts).
             most = int(dec.keep_rows(G).reshape(acc.num_processes, n_local).sum(1).max())
@@ -116,7 +145,8 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
                 out, _ = trim_completion_columns(out)
         elif not bool(keep_local.all()):
             out = mask_rows(out, keep_local)
-        out["num_items_in_batch"] = acc.gather(loss_mask(out).sum()).sum()
+        if args.filter_update_steps != "proportional":
+            out["num_items_in_batch"] = acc.gather(loss_mask(out).sum()).sum()
 
     rows = (
         acc.gather(torch.tensor([out["completion_ids"].shape[0], n_pad], device=acc.device))
@@ -130,11 +160,16 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
     _put(trainer, st, "snr/kept_frac", dec.kept_frac)
     _put(trainer, st, "snr/group_var_before", var.mean() if var.size else math.nan)
     _put(trainer, st, "snr/group_var_after", var[kept].mean() if kept.any() else math.nan)
+    # RAGEN's rollout/in_group_reward_std (what its reward-variance early stop watches)
+    _put(trainer, st, "snr/group_std_before", np.sqrt(var).mean() if var.size else math.nan)
     _put(trainer, st, "snr/zero_var_frac", (var <= snr.ZERO_TOL).mean() if var.size else math.nan)
     _put(trainer, st, "snr/skipped", float(st.skip))
     _put(trainer, st, "snr/consecutive_empty", st.consecutive_empty)
     _put(trainer, st, "snr/update_rows", int(rows[0]))
     _put(trainer, st, "snr/padding_rows", int(rows[1]))
+    if st.real_micro_batches is not None:
+        ga = int(args.gradient_accumulation_steps)
+        _put(trainer, st, "snr/update_steps", st.real_micro_batches // ga)
     return out
 
 

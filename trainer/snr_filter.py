@@ -8,9 +8,13 @@ Strategies (``select_groups``):
 
 * ``top_p``: RAGEN-2's rule. Sort scores descending and keep the smallest prefix whose cumulative
   score reaches ``value * total - eps``; when ``value * total <= eps`` the batch is rejected.
+  ``eps`` is in reward units, the unit of RAGEN's std score: :func:`decide` squares it for the variance
+  score (see :func:`metric_eps`), so a small reward scale does not reject groups that carry signal.
 * ``top_k``: keep ``max(1, floor(value * num_groups))`` best groups.
 * ``min_p``: keep groups with ``score >= value * max_score``.
-* ``softmax_top_p``: RAGEN's older rule: nucleus sampling cut on ``softmax(scores)``.
+* ``softmax_top_p``: nucleus cut on ``softmax(scores)`` (RAGEN ``ragen/trainer/rollout_filter.py``
+  ``top_p_prob_mode=softmax``, the rule RAGEN-2's main table ran, with the std score and zero groups
+  included); ``value >= 1`` keeps every candidate, as RAGEN does.
 * ``off``: keep every group, never skip.
 
 With ``include_zero=False`` zero-score groups are never candidates, so an all-zero batch is
@@ -74,6 +78,18 @@ def group_scores(rewards: np.ndarray, num_generations: int, metric: str = "varia
     return np.sqrt(var) if metric == "std" else var
 
 
+def metric_eps(eps: float, metric: str) -> float:
+    """The top_p slack ``eps`` (given in reward units, like RAGEN's std score) in the units of ``metric``.
+
+    RAGEN's absolute slack 0.01 was made for the std; on the variance (reward units squared) the same number
+    rejects whole batches whose rewards are small (std 0.1 -> variance 0.01 <= 0.01 / 0.9). Squaring keeps the
+    slack at the same reward scale for both metrics.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    return float(eps) ** 2 if metric == "variance" else float(eps)
+
+
 def _order(scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Candidate indices sorted by score descending, ties by index ascending."""
     return idx[np.lexsort((idx, -scores[idx]))]
@@ -115,6 +131,9 @@ def select_groups(
     elif strategy == "min_p":
         keep[cand[s[cand] >= value * s[cand].max() - ZERO_TOL]] = True
     elif strategy == "softmax_top_p":
+        if value >= 1.0:  # RAGEN returns every candidate at top_p >= 1 (its "no filter" runs)
+            keep[cand] = True
+            return keep
         z = s[order] - s[order].max()
         probs = np.exp(z) / np.exp(z).sum()
         k = int(np.searchsorted(np.cumsum(probs), value - 1e-12, side="left")) + 1
@@ -178,8 +197,11 @@ def decide(
     eps: float = 0.01,
     metric: str = "variance",
 ) -> FilterDecision:
-    """Score the groups of one batch of episode rewards and select the ones to train on."""
+    """Score the groups of one batch of episode rewards and select the ones to train on.
+
+    ``eps`` is the top_p slack in reward units; it is converted to the metric's units (:func:`metric_eps`).
+    """
     variances = group_scores(rewards, num_generations, "variance")
     scores = variances if metric == "variance" else group_scores(rewards, num_generations, metric)
-    keep = select_groups(scores, strategy, value, include_zero, eps)
+    keep = select_groups(scores, strategy, value, include_zero, metric_eps(eps, metric))
     return FilterDecision(keep_groups=keep, scores=scores, variances=variances)

@@ -15,13 +15,13 @@ Countdown, and 1 for Bandit (always pick the high-risk arm). It is ``None`` wher
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from llm_gym.core.parsing import ACTION_SEP, format_response
+from llm_gym.envs.frozen_lake.solver import shortest_path
 
 #: Countdown operators the random expression draws from.
 _OPS = ("+", "-", "*", "/")
@@ -187,22 +187,9 @@ def random_valid_policy(env: Any, rng: np.random.Generator, actions_per_turn: in
 
 # ------------------------------------------------------------------------------------------------ optimum
 def _frozen_lake_shortest(desc: Sequence[str]) -> int | None:
-    """Moves from S to G avoiding holes (deterministic moves; bumping a wall is a wasted move), or None."""
-    rows, cols = len(desc), len(desc[0])
-    flat = "".join(desc)
-    start = divmod(flat.index("S"), cols)
-    dist = {start: 0}
-    queue = deque([start])
-    while queue:
-        r, c = queue.popleft()
-        if desc[r][c] == "G":
-            return dist[(r, c)]
-        for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
-            nr, nc = r + dr, c + dc
-            if 0 <= nr < rows and 0 <= nc < cols and (nr, nc) not in dist and desc[nr][nc] != "H":
-                dist[(nr, nc)] = dist[(r, c)] + 1
-                queue.append((nr, nc))
-    return None
+    """Moves from S to G avoiding holes (deterministic moves), or None."""
+    path = shortest_path(desc)
+    return None if path is None else len(path)
 
 
 def fits_limits(length: int | None, max_turns: int, max_actions_per_turn: int, max_actions: int) -> bool:

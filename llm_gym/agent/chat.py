@@ -98,7 +98,8 @@ class ChatFormat:
     @property
     def generation_prefix(self) -> str:
         """Text appended after the chat template's generation prompt (RAGEN style: ``<think>``, so the model
-        continues its reasoning; ``ragen/llm_agent/ctx_manager.py``, ``_build_infer_samples``)."""
+        continues its reasoning; ``ragen/llm_agent/ctx_manager.py``, ``_build_infer_samples``). For an env with
+        ``think=False`` RAGEN appends ``<answer>`` instead: use :attr:`Conversation.generation_prefix`."""
         return "<think>" if self.style == "ragen" else ""
 
     def __post_init__(self) -> None:
@@ -310,6 +311,18 @@ class Conversation:
         self.users.append(text)
         return text
 
+    @property
+    def generation_prefix(self) -> str:
+        """What the prompt ends with after the chat template's generation prompt, for this env:
+        ``fmt.generation_prefix``, with RAGEN's ``<answer>`` in place of ``<think>`` when the env has ``think=False``
+        (``ragen/llm_agent/ctx_manager.py``: ``text + "<think>"`` or ``text + "<answer>"``, and the same prefix
+        put back before the generated text in ``get_env_inputs``). The reply given to the env and stored is
+        prefix + generated text."""
+        prefix = self.fmt.generation_prefix
+        if prefix == "<think>" and not getattr(_base(self.env), "think", True):
+            return "<answer>"
+        return prefix
+
     def add_reply(self, text: str) -> None:
         if len(self.users) != len(self.replies) + 1:
             raise ValueError("add_reply called without a pending observation")
@@ -326,3 +339,14 @@ class Conversation:
             if i < len(self.replies):
                 msgs.append({"role": "assistant", "content": self.replies[i]})
         return msgs
+
+
+def generation_prompt(tokenizer: Any, messages: list[dict[str, str]], generation_prefix: str = "") -> str:
+    """The prompt text a policy generates from: the chat template with its generation prompt, then
+    ``generation_prefix`` (RAGEN: ``apply_chat_template(..., add_generation_prompt=True) + "<think>"``).
+
+    ``tokenizer`` is any object with Hugging Face's ``apply_chat_template``. The model's output continues the
+    prefix, so the reply is ``generation_prefix + generated`` (what :func:`llm_gym.agent.rollout` stores).
+    """
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return text + generation_prefix

@@ -27,16 +27,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
+from llm_gym import _jsonl
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.core.parsing import ACTION_SEP, format_response
-from llm_gym.registration import make_env, resolve_env_id
+from llm_gym.envs.frozen_lake.solver import shortest_path
+from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
 __all__ = [
     "ExportResult",
@@ -48,8 +49,6 @@ __all__ = [
     "write_jsonl",
 ]
 
-#: Longest line accepted by :func:`read_jsonl` (characters); rows are untrusted input.
-MAX_LINE_CHARS = 10_000_000
 #: Most messages replayed from one row (every llm-gym episode ends long before).
 MAX_ROW_MESSAGES = 2000
 #: Longest reasoning text copied from a data set's worked solution (MetaMathQA).
@@ -75,36 +74,6 @@ def _sokoban(env: Any) -> _Move | None:
         f"Next: {', '.join(chunk)}."
     )
     return _Move(think, chunk)
-
-
-_FL_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-
-
-def shortest_path(desc: Sequence[str], start: tuple[int, int]) -> list[str] | None:
-    """The fewest moves from ``start`` to a ``G`` cell of a FrozenLake map avoiding ``H`` cells (breadth-first
-    search, moves tried in Gymnasium's order Left, Down, Right, Up), or ``None`` when no path exists."""
-    rows, cols = len(desc), len(desc[0])
-    parent: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        if desc[cell[0]][cell[1]] == "G":
-            path = []
-            while parent[cell] is not None:
-                cell, move = parent[cell]  # type: ignore[misc]
-                path.append(move)
-            return path[::-1]
-        for move, (dr, dc) in _FL_DELTAS.items():
-            nxt = (cell[0] + dr, cell[1] + dc)
-            if (
-                0 <= nxt[0] < rows
-                and 0 <= nxt[1] < cols
-                and nxt not in parent
-                and desc[nxt[0]][nxt[1]] != "H"
-            ):
-                parent[nxt] = (cell, move)
-                queue.append(nxt)
-    return None
 
 
 def _frozen_lake(env: Any) -> _Move | None:
@@ -258,9 +227,12 @@ def export_dataset(env_id: str, seeds: Iterable[int], **kwargs: Any):
 
 
 def write_jsonl(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> int:
-    """Write rows as JSON lines (UTF-8); returns how many."""
+    """Write rows as JSON lines (UTF-8); returns how many. The file is replaced only once every row was
+    written (a full disk leaves the previous file, or none)."""
+    from llm_gym.safe_io import atomic_write
+
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
@@ -268,17 +240,16 @@ def write_jsonl(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> i
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL file, one at a time; a line over ``MAX_LINE_CHARS`` or not a JSON object is an error."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), 1):
-            if len(line) > MAX_LINE_CHARS:
-                raise ValueError(f"{path}:{number}: line longer than {MAX_LINE_CHARS} characters")
-            if not line.strip():
+    """Rows of a JSONL file, one at a time; a line over the JSONL reader's cap (``llm_gym._jsonl.MAX_LINE_BYTES``),
+    not UTF-8 JSON, or not a JSON object is a ``ValueError`` naming the file and line."""
+    with open(path, "rb") as f:
+        for number, raw in _jsonl.iter_lines(f, path=str(path)):
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+                row = _jsonl.decode_json(raw)
+            except ValueError as e:
+                raise ValueError(f"{path}:{number}: {e}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{number}: a row must be a JSON object")
             yield row
@@ -294,14 +265,15 @@ class RowProblem:
     reason: str
 
 
-def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any]) -> str | None:
+def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any], chat: ChatFormat) -> str | None:
     env_id, seed, messages = row.get("env_id"), row.get("seed"), row.get("messages")
     # Records are untrusted: only registered llm-gym ids (never "module:Class" imports) and the caller's kwargs
     # (a row cannot point the env at a file of its choosing).
-    if not isinstance(env_id, str) or not env_id.startswith("llmgym/") or env_id not in gym.registry:
-        return f"env_id {env_id!r:.80} is not a registered llmgym/ id"
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        return f"seed {seed!r:.40} is not a non-negative integer"
+    try:
+        check_trusted_env_id(env_id, "the row")
+        check_seed(seed, allow_none=False)
+    except ValueError as e:
+        return str(e)
     if row.get("env_kwargs", "{}") != _kwargs_text(env_kwargs):
         return (
             f"the row was exported with env_kwargs {str(row.get('env_kwargs'))[:200]}, not "
@@ -311,21 +283,36 @@ def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any]) -> str | None
         return f"messages must be a list of 1 to {MAX_ROW_MESSAGES} chat messages"
     if not all(isinstance(m, Mapping) and isinstance(m.get("content"), str) for m in messages):
         return "every message must be an object with a string 'content'"
+    replies = [m["content"] for m in messages if m.get("role") == "assistant"]
+    if not replies:
+        return "no assistant message to replay"
     env = make_env(env_id, env_kwargs)
     try:
+        # Re-render the whole conversation (system, user and tool messages) from the env and the row's replies,
+        # exactly as export wrote it, and compare every message.
         obs, _ = env.reset(seed=seed)
+        conv = Conversation(env, chat)
+        conv.add_observation(obs)
         done, info = False, {}
-        users = [m["content"] for m in messages if m.get("role") == "user"]
-        replies = [m["content"] for m in messages if m.get("role") == "assistant"]
-        if not replies:
-            return "no assistant message to replay"
         for turn, reply in enumerate(replies):
             if done:
                 return f"assistant message {turn + 1} comes after the episode ended"
-            if turn >= len(users) or obs not in users[turn]:
-                return f"user message {turn + 1} does not show the env's state for this seed"
-            obs, _, terminated, truncated, info = env.step(reply)
+            obs, reward, terminated, truncated, info = env.step(reply)
+            conv.add_reply(reply)
             done = terminated or truncated
+            if not done:
+                conv.add_observation(obs, reward=float(reward), info=info)
+        expected = conv.messages()
+        if not done:
+            expected = expected[:-1]  # the next state, never answered: a truncated row ends before it
+        for i, (want, got) in enumerate(zip(expected, messages)):
+            if got.get("role") != want["role"] or got["content"] != want["content"]:
+                return (
+                    f"message {i + 1} ({str(got.get('role'))[:20]}) differs from the env's conversation for this "
+                    f"seed (expected a {want['role']} message showing the env's state and text)"
+                )
+        if len(messages) != len(expected):
+            return f"the row has {len(messages)} messages; replaying its replies gives {len(expected)}"
         if not done:
             return "the episode has not ended after the last assistant message"
         if not info.get("success", False):
@@ -336,18 +323,24 @@ def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any]) -> str | None
 
 
 def verify_rows(
-    rows: Iterable[Mapping[str, Any]], *, env_kwargs: Mapping[str, Any] | None = None
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    chat: ChatFormat | None = None,
 ) -> list[RowProblem]:
-    """Replay each row's assistant messages through a fresh env made with ``env_kwargs`` and the row's seed;
-    return the rows whose episode does not end in success (or that are malformed). Empty list: all good."""
+    """Replay each row's assistant messages through a fresh env made with ``env_kwargs`` and the row's seed,
+    re-render the conversation with ``chat`` (the :class:`ChatFormat` the rows were exported with; default
+    ``ChatFormat()``, as ``llmgym export``) and compare every message exactly; return the rows that differ, whose
+    episode does not end in success, or that are malformed. Empty list: all good."""
     problems = []
     kwargs = dict(env_kwargs or {})
+    chat = chat or ChatFormat()
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             problems.append(RowProblem(i, None, "a row must be a mapping"))
             continue
         try:
-            reason = _replay(row, kwargs)
+            reason = _replay(row, kwargs, chat)
         except ValueError as e:  # e.g. env_kwargs the env rejects
             reason = str(e)
         if reason is not None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from llm_gym._jsonl import JsonlError, decode_json, iter_lines
+from llm_gym.registration import check_seed, short_repr
 
 FORMAT_VERSION = 1
 
@@ -149,14 +153,8 @@ _NONFINITE = {
     "infinity": math.inf,
     "-infinity": -math.inf,
 }
-#: Seeds are what ``numpy.random.default_rng`` takes without cost surprises: ``0 <= seed < 2**64``.
-SEED_LIMIT = 2**64
 ENV_ID_MAX_LENGTH = 200
-
-
-def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+_short_repr = short_repr
 
 
 def _number(value: Any, what: str) -> float:
@@ -234,9 +232,10 @@ def _checked_fields(d: Any) -> dict[str, Any]:
     env_id = _typed(d, "env_id", str, "env_id")
     if not env_id or len(env_id) > ENV_ID_MAX_LENGTH:
         raise RecordError(f"env_id must be a non-empty string of at most {ENV_ID_MAX_LENGTH} characters")
-    seed = _typed(d, "seed", (int, type(None)), "seed")
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise RecordError(f"seed must be null or an integer in [0, 2**64), got {_short_repr(seed)}")
+    try:
+        seed = check_seed(_typed(d, "seed", (int, type(None)), "seed"))
+    except ValueError as e:
+        raise RecordError(str(e)) from None
     turns = _typed(d, "turns", list, "turns", list)
     reset_options = _typed(d, "reset_options", (dict, type(None)), "reset_options", None)
     return {
@@ -267,47 +266,117 @@ def _json_line(record: EpisodeRecord) -> str:
 
 
 def write_records(path: str | Path, records: Iterable[EpisodeRecord], *, append: bool = True) -> int:
-    """Write records as JSON lines; returns how many were written."""
+    """Write records as JSON lines; returns how many were written.
+
+    Appending is failure-atomic: if the write fails (a full disk), the file is cut back to its previous size,
+    so an error never leaves a torn line. ``append=False`` replaces the file atomically (a temporary file
+    renamed over it)."""
+    from llm_gym.safe_io import append_text, atomic_write_text
+
+    lines = [_json_line(rec) for rec in records]
+    if append:
+        append_text(path, "".join(lines))
+    else:
+        atomic_write_text(path, "".join(lines))
+    return len(lines)
+
+
+class TornRecordWarning(UserWarning):
+    """The last line of a records file was cut off (its writer was killed); the line is skipped."""
+
+
+def _torn_message(path: str | Path, lineno: int, size: int) -> str:
+    return (
+        f"{path}: ignoring a torn last line (line {lineno}, {size} bytes without a newline: the writer was "
+        "interrupted)"
+    )
+
+
+def _is_torn(raw: bytes) -> bool:
+    """A line without its newline that is not a complete JSON value: the end of an interrupted write."""
+    if raw.endswith(b"\n"):
+        return False
+    try:
+        json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return True
+    return False
+
+
+def repair_torn_tail(path: str | Path) -> int:
+    """Before appending to ``path``: cut a torn last line off (returns the bytes removed), or end a complete
+    last line that lacks its newline (returns 0), so the next record starts on a line of its own."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with path.open("a" if append else "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(_json_line(rec))
-            n += 1
-    return n
+    if not path.is_file():
+        return 0
+    with path.open("rb+") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # Find the start of the last line, reading backwards in blocks.
+        pos, start = size, 0
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            block = f.read(step)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                start = pos + i + 1
+                break
+        f.seek(start)
+        tail = f.read()
+        if _is_torn(tail):
+            f.truncate(start)
+            return size - start
+        f.seek(size)
+        f.write(b"\n")
+        return 0
 
 
-def iter_records(path: str | Path) -> Iterator[EpisodeRecord]:
+def iter_records(
+    path: str | Path, *, on_torn: Callable[[str], None] | None = None
+) -> Iterator[EpisodeRecord]:
     """The records of a JSONL file, one by one.
 
     Raises ``ValueError`` ``<path>: bad episode record at line N: <why>`` for a line that is not valid UTF-8, not
     JSON (or nested too deeply), or not a well-formed record (see :meth:`EpisodeRecord.from_dict`). A UTF-8 byte
-    order mark at the start of the file is skipped.
+    order mark at the start of the file is skipped. A torn last line (no newline and not complete JSON: the
+    writer was killed mid-line) is skipped and reported: ``on_torn(message)``, or a :class:`TornRecordWarning`.
     """
     with Path(path).open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
+        lines = iter_lines(f, path=str(path))
+        while True:
+            try:
+                lineno, raw = next(lines)
+            except StopIteration:
+                return
+            except JsonlError as e:  # a line over the length cap: refused before it is read whole
+                raise RecordError(e.reason, f"at line {e.lineno}", str(path)) from None
             if not raw.strip():
                 continue
             try:
                 try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise RecordError(f"not valid UTF-8 (byte {e.start + 1} of the line)") from None
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise RecordError(f"invalid JSON ({e.msg} at column {e.colno})") from None
-                except RecursionError:
-                    raise RecordError("JSON nested too deeply") from None
+                    data = decode_json(raw)
+                except ValueError as e:
+                    raise RecordError(str(e)) from None
                 record = EpisodeRecord.from_dict(data)
             except RecordError as e:
+                if _is_torn(raw):  # only the last line can lack its newline
+                    message = _torn_message(path, lineno, len(raw))
+                    if on_torn is not None:
+                        on_torn(message)
+                    else:
+                        warnings.warn(message, TornRecordWarning, stacklevel=2)
+                    return
                 raise RecordError(e.reason, f"at line {lineno}", str(path)) from None
             yield record
 
 
-def read_records(path: str | Path) -> list[EpisodeRecord]:
-    """All records in a JSONL file; a malformed line raises ``ValueError`` naming the line."""
-    return list(iter_records(path))
+def read_records(path: str | Path, *, on_torn: Callable[[str], None] | None = None) -> list[EpisodeRecord]:
+    """All records in a JSONL file; a malformed line raises ``ValueError`` naming the line (a torn last line
+    is skipped and reported, see :func:`iter_records`)."""
+    return list(iter_records(path, on_torn=on_torn))

@@ -8,6 +8,7 @@ batching) sees one batch per turn. Results are :class:`EpisodeRecord` objects in
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import gymnasium as gym
@@ -17,8 +18,12 @@ from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.registration import make_env
 
-#: A batch of chat message lists -> one response text each (same order, same length).
-Policy = Callable[[list[list[dict]]], list[str]]
+#: A batch of chat message lists -> one response text each (same order, same length). When the chat format has a
+#: generation prefix (``ChatFormat(style="ragen")``: ``<think>``), the policy is called as
+#: ``policy(batch, generation_prefix=prefix)``: each prompt must end with the chat template's generation prompt
+#: followed by ``prefix`` (:func:`llm_gym.agent.chat.generation_prompt`), and the policy returns only the text
+#: generated after it.
+Policy = Callable[..., list[str]]
 
 #: Hard stop for environments that never end by themselves (every llm-gym env truncates long before this).
 MAX_TURNS_GUARD = 1000
@@ -31,6 +36,14 @@ def _validate_seeds(seeds: Sequence[int]) -> list[int]:
             raise ValueError(f"seeds must be non-negative integers, got {s!r}")
         out.append(int(s))
     return out
+
+
+def _takes_generation_prefix(policy: Policy) -> bool:
+    try:
+        params = inspect.signature(policy).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return any(p.name == "generation_prefix" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def rollout(
@@ -51,7 +64,9 @@ def rollout(
         policy: maps a batch of message lists to one response each.
         group_size: environments per seed (``G``).
         env_kwargs: passed to ``gym.make``.
-        chat: how observations become messages (default :class:`ChatFormat`).
+        chat: how observations become messages (default :class:`ChatFormat`). With a generation prefix (RAGEN
+            style), the policy gets ``generation_prefix=`` (see :data:`Policy`), and the env, the conversation and
+            the record get prefix + generated text, as RAGEN's env does.
         meta: extra keys stored in every record's ``meta`` (e.g. model name, step).
 
     Returns:
@@ -62,6 +77,12 @@ def rollout(
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     chat = chat or ChatFormat()
+    if chat.generation_prefix and not _takes_generation_prefix(policy):
+        # Silently dropping the prefix would run a different protocol (the model would not start inside <think>).
+        raise ValueError(
+            f"chat style {chat.style!r} ends every prompt with {chat.generation_prefix!r}: the policy must take a "
+            "generation_prefix= keyword, end its prompt with it and return the text generated after it"
+        )
     env_kwargs = dict(env_kwargs or {})
     envs: list[gym.Env] = []
     convs: list[Conversation] = []
@@ -91,13 +112,16 @@ def rollout(
             turns += 1
             if turns > MAX_TURNS_GUARD:
                 raise RuntimeError(f"{env_id} did not end within {MAX_TURNS_GUARD} turns")
-            responses = policy([convs[i].messages() for i in active])
+            batch = [convs[i].messages() for i in active]
+            # Every env of a rollout has the same kwargs, so one prefix serves the batch.
+            prefix = convs[active[0]].generation_prefix
+            responses = policy(batch, generation_prefix=prefix) if prefix else policy(batch)
             if not isinstance(responses, (list, tuple)) or len(responses) != len(active):
                 got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
                 raise ValueError(f"policy must return a list of {len(active)} responses, got {got}")
             still = []
             for i, text in zip(active, responses):
-                text = "" if text is None else str(text)
+                text = prefix + ("" if text is None else str(text))
                 obs, reward, terminated, truncated, info = envs[i].step(text)
                 convs[i].add_reply(text)
                 records[i].turns.append(TurnRecord.from_step(text, obs, reward, terminated, truncated, info))

@@ -187,7 +187,8 @@ class TextEnv(gym.Env[str, str]):
         return self._reset_seed
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        super().reset(seed=seed)
+        # Options are checked before anything changes: a refused reset leaves the env (and its random stream)
+        # as it was.
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(f"options must be a dict or None, got {type(options).__name__}")
         options = dict(options or {})
@@ -200,11 +201,15 @@ class TextEnv(gym.Env[str, str]):
             raise ValueError(
                 f"options['dynamics_seed'] must be an integer in [0, 2**63), got {dynamics_seed!r:.40}"
             )
+        super().reset(seed=seed)
         self._reset_seed = None if seed is None else int(seed)
         self._turn = 0
         self._actions_used = 0
         self._episode_over = False
         self._ended = (False, False)
+        # Until the game is set up: a reset that fails in _reset_game (a bad level, an unreachable target) leaves
+        # an env that refuses step() with ResetNeeded instead of playing a half-reset episode.
+        self._has_reset = False
         extra = self._reset_game(options) or {}
         if dynamics_seed is not None:
             # The start state above came from ``seed``; transitions get their own stream. Without a seed the

@@ -8,7 +8,7 @@ tolerant of whitespace and of chatter before, between and after the blocks, and 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ACTION_SEP = "||"
 
@@ -61,12 +61,9 @@ def parse_response(
         max_actions: keep at most this many actions (the rest are counted in ``dropped``); ``None`` keeps all.
         sep: the action separator; ``None`` treats the whole answer as one action (answer environments).
     """
-    if not isinstance(text, str):
-        return ParsedResponse(ok=False, error=f"response must be a str, got {type(text).__name__}")
-    if len(text) > RESPONSE_MAX_LENGTH:
-        return ParsedResponse(
-            ok=False, error=f"response longer than {RESPONSE_MAX_LENGTH} characters ({len(text)})"
-        )
+    refused = _refuse(text)
+    if refused is not None:
+        return refused
     thought = ""
     start = 0
     if think:
@@ -79,18 +76,32 @@ def parse_response(
     j = _find("</answer>", text, i + 8) if i >= 0 else -1
     if j < 0:
         return ParsedResponse(ok=False, think=thought.strip(), error="missing <answer>...</answer> block")
-    answer = text[i + 8 : j].strip()
+    return _split_actions(thought.strip(), text[i + 8 : j].strip(), sep, max_actions)
+
+
+def _refuse(text: Any) -> ParsedResponse | None:
+    """The format error for a response that is not a str or is too long to read, else ``None``."""
+    if not isinstance(text, str):
+        return ParsedResponse(ok=False, error=f"response must be a str, got {type(text).__name__}")
+    if len(text) > RESPONSE_MAX_LENGTH:
+        return ParsedResponse(
+            ok=False, error=f"response longer than {RESPONSE_MAX_LENGTH} characters ({len(text)})"
+        )
+    return None
+
+
+def _split_actions(thought: str, answer: str, sep: str | None, max_actions: int | None) -> ParsedResponse:
+    """The shared tail of both parsers: split the answer on ``sep`` into stripped, non-empty actions and keep the
+    first ``max_actions`` (the rest counted in ``dropped``); an empty answer is a format error."""
     parts = [p.strip() for p in answer.split(sep)] if sep else [answer]
     parts = [p for p in parts if p]
     if not parts:
-        return ParsedResponse(ok=False, think=thought.strip(), answer=answer, error="empty answer")
+        return ParsedResponse(ok=False, think=thought, answer=answer, error="empty answer")
     dropped = 0
     if max_actions is not None and len(parts) > max_actions:
         dropped = len(parts) - max_actions
         parts = parts[:max_actions]
-    return ParsedResponse(
-        ok=True, think=thought.strip(), answer=answer, actions=tuple(parts), dropped=dropped
-    )
+    return ParsedResponse(ok=True, think=thought, answer=answer, actions=tuple(parts), dropped=dropped)
 
 
 def format_response(actions, think: str = "", *, use_think: bool = True, sep: str = ACTION_SEP) -> str:
@@ -123,12 +134,9 @@ def parse_ragen_response(
     the lazy regex (which backtracks quadratically on hostile text). An empty answer is a format error, as in
     RAGEN (no action is executed).
     """
-    if not isinstance(text, str):
-        return ParsedResponse(ok=False, error=f"response must be a str, got {type(text).__name__}")
-    if len(text) > RESPONSE_MAX_LENGTH:
-        return ParsedResponse(
-            ok=False, error=f"response longer than {RESPONSE_MAX_LENGTH} characters ({len(text)})"
-        )
+    refused = _refuse(text)
+    if refused is not None:
+        return refused
     thought = ""
     if think:
         # The leftmost <think> starts the match if any start does; the think group ends at the first </think>
@@ -160,12 +168,4 @@ def parse_ragen_response(
     for token in RAGEN_SPECIAL_TOKENS:
         answer = answer.replace(token, "").strip()
         thought = thought.replace(token, "").strip()
-    parts = [p.strip() for p in answer.split(sep)] if sep else [answer]
-    parts = [p for p in parts if p]
-    if not parts:
-        return ParsedResponse(ok=False, think=thought, answer=answer, error="empty answer")
-    dropped = 0
-    if max_actions is not None and len(parts) > max_actions:
-        dropped = len(parts) - max_actions
-        parts = parts[:max_actions]
-    return ParsedResponse(ok=True, think=thought, answer=answer, actions=tuple(parts), dropped=dropped)
+    return _split_actions(thought, answer, sep, max_actions)

@@ -11,7 +11,6 @@ are replaced by U+FFFD.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -21,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym._jsonl import MAX_FILE_BYTES, decode_json, iter_lines
+
 #: File suffixes read as local files.
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
 
@@ -28,8 +29,11 @@ _CACHE: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
 
-class DatasetUnavailableError(RuntimeError):
-    """A hub dataset could not be loaded (no network and not cached, or ``datasets`` missing)."""
+class DatasetUnavailableError(RuntimeError, ValueError):
+    """A hub dataset could not be loaded (no network and not cached, or ``datasets`` missing).
+
+    Also a ``ValueError``: like a bad file, it is a data source that cannot be used, and callers that report bad
+    input (``llmgym render`` of a record naming a hub dataset) catch ``ValueError``."""
 
 
 def is_local_source(source: str | os.PathLike) -> bool:
@@ -47,19 +51,26 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq
         except ImportError as e:
             raise ValueError("reading .parquet files needs pyarrow: pip install pyarrow") from e
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: file larger than {MAX_FILE_BYTES:,} bytes")
         return [_sanitize(row) for row in pq.read_table(path).to_pylist()]
-    raw = path.read_bytes()
+    if suffix == ".jsonl":
+        # The one bounded JSONL reader: each line and the whole file are capped before they are read.
+        rows = []
+        with path.open("rb") as f:
+            for lineno, raw in iter_lines(f, path=str(path), max_total_bytes=MAX_FILE_BYTES):
+                if raw.strip():
+                    rows.append(_loads(raw, f"{path}:{lineno}"))
+        return rows
+    with path.open("rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a huge file must not fill memory
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: file larger than {MAX_FILE_BYTES:,} bytes")
     try:
         text = raw.decode("utf-8-sig")  # a UTF-8 byte order mark (Windows editors write one) is skipped
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise ValueError(f"{path}:{line}: not valid UTF-8 (byte {e.start} of the file)") from None
-    if suffix == ".jsonl":
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                rows.append(_loads(line, f"{path}:{lineno}"))
-        return rows
     data = _loads(text, str(path))
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
@@ -68,13 +79,11 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
     return data
 
 
-def _loads(text: str, where: str) -> Any:
+def _loads(text: str | bytes, where: str) -> Any:
     try:
-        return _sanitize(json.loads(text))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-    except RecursionError:
-        raise ValueError(f"{where}: JSON nested too deeply") from None
+        return _sanitize(decode_json(text))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -9,7 +9,13 @@ with ``reset(**row)`` called before every rollout (its return text is appended t
   ...); each call executes that single action as one environment turn and returns the new state;
 * answer environments (Countdown, MetaMathQA, Bandit) get one ``answer(text)`` tool;
 * ``reset(seed=...)`` takes the dataset row's ``seed``, so the ``num_generations`` rollouts TRL draws for one row
-  all play the same episode (group sampling per seed);
+  all start from the same state (group sampling per seed);
+* transition randomness (FrozenLake's slips, Bandit payouts) is independent across those rollouts by default
+  (``group_dynamics="independent"``, as in ``llmgym-train``): each reset also passes
+  ``options={"dynamics_seed": k}``, with ``k`` from a counter shared by the factory's instances (TRL pools
+  instances, one per concurrent rollout) or from the row's ``dynamics_seed`` column when it has one.
+  ``group_dynamics="shared"`` resets with the seed only, so a group shares its transitions too;
+* only llm-gym's own ids are accepted (not any Gymnasium id such as ``CartPole-v1``);
 * ``get_reward()`` returns the episode return (the sum of the environment's rewards).
 
 :func:`make_prompt_dataset` builds the matching ``datasets.Dataset`` (a ``prompt`` with the rules and the tool
@@ -31,20 +37,22 @@ Nothing here imports torch or TRL at module import time; :func:`make_prompt_data
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from llm_gym.core.parsing import ACTION_SEP, format_response
-from llm_gym.registration import resolve_env_id
+from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
 __all__ = ["LLMGymToolEnv", "make_environment_factory", "make_prompt_dataset", "tool_prompt"]
 
 #: Longest answer passed to an answer environment through the ``answer`` tool (the envs cap it again).
 MAX_ANSWER_CHARS = 4096
+#: Choices of ``group_dynamics`` (the trainer's ``--group_dynamics``).
+GROUP_DYNAMICS = ("independent", "shared")
 
 
 class LLMGymToolEnv:
@@ -56,9 +64,12 @@ class LLMGymToolEnv:
 
     env_id: str = ""
     env_kwargs: Mapping[str, Any] = {}
+    group_dynamics: str = "independent"
+    #: Source of ``dynamics_seed`` values (one per class, shared by its instances; replaced per built class).
+    _dynamics_counter: Any = None
 
     def __init__(self) -> None:
-        self._env = gym.make(self.env_id, **dict(self.env_kwargs))
+        self._env = make_env(self.env_id, dict(self.env_kwargs))
         self._base = self._env.unwrapped
         self._return = 0.0
         self._success = False
@@ -66,13 +77,18 @@ class LLMGymToolEnv:
         self._steps = 0
 
     def reset(self, **row: Any) -> str:
-        """Start the episode of a dataset row: ``row["seed"]`` (an int) seeds it; other columns are ignored."""
-        seed = row.get("seed")
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-        ):
-            raise ValueError(f"the dataset's 'seed' column must hold non-negative integers, got {seed!r}")
-        obs, _ = self._env.reset(seed=None if seed is None else int(seed))
+        """Start the episode of a dataset row: ``row["seed"]`` (an int in ``[0, 2**64)``) seeds it; with
+        ``group_dynamics="independent"`` the transitions are seeded apart from the other rollouts of the row
+        (``row["dynamics_seed"]`` when given, else the next value of the factory's counter). Other columns are
+        ignored."""
+        seed = check_seed(row.get("seed"), "the dataset's 'seed' column")
+        options = None
+        if self.group_dynamics == "independent":
+            dynamics_seed = row.get("dynamics_seed")
+            if dynamics_seed is None:
+                dynamics_seed = next(type(self)._dynamics_counter)
+            options = {"dynamics_seed": dynamics_seed}  # the env checks its range
+        obs, _ = self._env.reset(seed=seed, options=options)
         self._return, self._success, self._done, self._steps = 0.0, False, False, 0
         return f"\n\nCurrent state:\n{obs}"
 
@@ -158,10 +174,12 @@ def _class_name(env_id: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in re.split(r"[\W_]+", bare) if p) + "Env"
 
 
-def _build_class(env_id: str, env_kwargs: dict[str, Any], base: Any) -> type:
+def _build_class(env_id: str, env_kwargs: dict[str, Any], base: Any, group_dynamics: str) -> type:
     namespace: dict[str, Any] = {
         "env_id": env_id,
         "env_kwargs": dict(env_kwargs),
+        "group_dynamics": group_dynamics,
+        "_dynamics_counter": itertools.count(),  # next() on it is atomic under the GIL
         "__doc__": f"TRL environment for {env_id} (built by llm_gym.integrations.trl).",
         "__module__": __name__,
     }
@@ -177,25 +195,32 @@ def _build_class(env_id: str, env_kwargs: dict[str, Any], base: Any) -> type:
     return type(_class_name(env_id), (LLMGymToolEnv,), namespace)
 
 
-def make_environment_factory(env_id: str, **env_kwargs: Any) -> type[LLMGymToolEnv]:
-    """A TRL ``environment_factory`` (a class; TRL calls it with no arguments) for ``env_id``.
+def make_environment_factory(
+    env_id: str, *, group_dynamics: str = "independent", **env_kwargs: Any
+) -> type[LLMGymToolEnv]:
+    """A TRL ``environment_factory`` (a class; TRL calls it with no arguments) for the llm-gym id ``env_id``.
 
-    ``env_kwargs`` go to ``gym.make``. One tool call executes one action and uses one environment turn, so for
+    ``env_kwargs`` go to the environment. One tool call executes one action and uses one environment turn, so for
     environments with discrete actions ``max_turns`` defaults to the action budget ``max_actions`` (the
     environment's own default allows several actions per turn); pass ``max_turns`` to override. Set TRL's
     ``max_tool_calling_iterations`` to at least that budget.
+
+    ``group_dynamics``: ``"independent"`` (default, as ``llmgym-train``): the rollouts of one row share the start
+    state but not the transition randomness; ``"shared"``: they share both (reset with the seed only).
     """
     import llm_gym  # noqa: F401  (registers the ids)
 
-    env_id = resolve_env_id(env_id)
+    if group_dynamics not in GROUP_DYNAMICS:
+        raise ValueError(f"group_dynamics must be one of {GROUP_DYNAMICS}, got {group_dynamics!r}")
+    env_id = check_trusted_env_id(resolve_env_id(env_id), "make_environment_factory")
     kwargs = dict(env_kwargs)
-    probe = gym.make(env_id, **kwargs)
+    probe = make_env(env_id, kwargs)
     try:
         base = probe.unwrapped
         if getattr(base, "action_names", None) and "max_turns" not in kwargs:
             kwargs["max_turns"] = int(base.max_actions)
             kwargs.setdefault("max_actions_per_turn", 1)
-        cls = _build_class(env_id, kwargs, base)
+        cls = _build_class(env_id, kwargs, base, group_dynamics)
     finally:
         probe.close()
     return cls
@@ -205,7 +230,7 @@ def tool_prompt(env_id: str, **env_kwargs: Any) -> str:
     """The prompt text: the game's rules and how to act through the tools of :func:`make_environment_factory`."""
     import llm_gym  # noqa: F401
 
-    env = gym.make(resolve_env_id(env_id), **env_kwargs)
+    env = make_env(check_trusted_env_id(resolve_env_id(env_id), "tool_prompt"), env_kwargs)
     try:
         base = env.unwrapped
         lines = [base.rules]
@@ -238,8 +263,8 @@ def make_prompt_dataset(
 
     if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
         raise ValueError(f"num_seeds must be a positive integer, got {num_seeds!r}")
-    if isinstance(seed_start, bool) or not isinstance(seed_start, int) or seed_start < 0:
-        raise ValueError(f"seed_start must be a non-negative integer, got {seed_start!r}")
+    check_seed(seed_start, "seed_start", allow_none=False)
+    check_seed(seed_start + num_seeds - 1, "the last seed (seed_start + num_seeds - 1)", allow_none=False)
     text = tool_prompt(env_id, **env_kwargs)
     messages = [{"role": "user", "content": text}]
     if system_prompt:

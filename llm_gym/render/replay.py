@@ -62,8 +62,9 @@ class Replay:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    from llm_gym.registration import short_repr
+
+    return short_repr(value, limit)
 
 
 #: Keyword arguments that name files or data sources. A record may carry only these values for them (bundled data,
@@ -119,15 +120,13 @@ def replay_env_args(
     Raises:
         ValueError: saying what is not accepted and how to get past it when that is safe.
     """
-    from llm_gym.registration import ENVS
+    from llm_gym.registration import ENVS, check_trusted_env_id
 
     entries = {e.id: e for e in ENVS}
-    env_id = record.env_id
-    if not isinstance(env_id, str) or env_id not in entries:
-        raise ValueError(
-            f"cannot make {_short(env_id)} to replay the record: not an llm-gym id; records are replayed only with ids "
-            f"registered under llmgym/ (known: {', '.join(entries)})"
-        )
+    try:
+        env_id = check_trusted_env_id(record.env_id)
+    except ValueError as e:
+        raise ValueError(f"cannot make {_short(record.env_id)} to replay the record: {e}") from None
     cls = load_env_creator(entries[env_id].entry_point)
     accepted = _accepted_kwargs(cls) - {"render_mode"}
     recorded = record.env_kwargs
@@ -168,7 +167,8 @@ def _replay_env(record: EpisodeRecord, env_kwargs: Mapping[str, Any] | None = No
         OverflowError,
         KeyError,
         IndexError,
-    ) as e:  # a constructor given a value of a wrong type
+        RuntimeError,
+    ) as e:  # a constructor given a value of a wrong type, or a source it cannot load
         raise ValueError(f"cannot make {env_id!r} with the record's kwargs: {e}") from None
 
 
@@ -217,8 +217,11 @@ def iter_replay(
     try:
         try:
             obs, _ = env.reset(seed=record.seed, options=record.reset_options)
-        except (TypeError, KeyError, IndexError, OverflowError) as e:  # reset options of a wrong type
-            raise ValueError(f"cannot reset {record.env_id} with the record's reset options: {e}") from None
+        except (TypeError, KeyError, IndexError, OverflowError, RuntimeError) as e:
+            # Reset options of a wrong type, or kwargs that only fail at reset (RecursionError is a RuntimeError).
+            raise ValueError(
+                f"cannot reset {record.env_id} with the record's kwargs and options: {e}"
+            ) from None
         first = to_array(draw_env(env, cell)) if draw else None
         shape = None if first is None else first.shape[:2]
         if obs != record.initial_observation:
@@ -280,6 +283,75 @@ def _recorded_cards(record: EpisodeRecord, shape: tuple[int, int], first: int) -
         observation = record.initial_observation if t == 0 else record.turns[t - 1].observation
         title = "recorded (reset)" if t == 0 else f"recorded (turn {t})"
         yield to_array(draw_text_card(observation, title, size))[:h, :w]
+
+
+class ReplayCursor:
+    """Draw any state of ``record`` on demand, holding one live env instead of every frame.
+
+    ``replay_episode`` draws all ``n + 1`` states up front (a 10,000-turn record is 10,001 boards, gigabytes).
+    Here opening checks the record (a replay without drawing, so :attr:`mismatch` is known at once) and draws
+    one board; :meth:`draw` then steps the live env forward to the state asked for, and restarts it from the
+    reset when asked for an earlier one. States from the first mismatch on are the recorded observations as
+    text cards, exactly as in :func:`iter_replay`. Cost: memory of one env and one frame; time one env step
+    per turn moved forward (a restart replays from the reset, about 10 us per turn for the board games).
+
+    Raises:
+        ValueError: as :func:`replay_episode` (record not accepted, env cannot be made or reset).
+    """
+
+    def __init__(
+        self, record: EpisodeRecord, *, cell: int | None = None, env_kwargs: Mapping[str, Any] | None = None
+    ):
+        self.record = record
+        self.cell = cell
+        self.env_kwargs = dict(env_kwargs or {})
+        self.mismatch = verify_episode(record, env_kwargs=self.env_kwargs)
+        self._env: gym.Env | None = None
+        self._pos = 0
+        first = self._draw_env_state(0)
+        self.shape: tuple[int, int] = first.shape[:2]
+        self._first = first
+
+    def __len__(self) -> int:
+        return len(self.record.turns) + 1
+
+    def _draw_env_state(self, t: int) -> np.ndarray:
+        from llm_gym.render.scene import draw_env, to_array
+
+        if self._env is None or self._pos > t:
+            self.close()
+            self._env = _replay_env(self.record, self.env_kwargs)
+            # Checked by verify_episode above: the same reset and steps succeed and match the record.
+            self._env.reset(seed=self.record.seed, options=self.record.reset_options)
+            self._pos = 0
+        while self._pos < t:
+            self._env.step(self.record.turns[self._pos].response)
+            self._pos += 1
+        return to_array(draw_env(self._env, self.cell))
+
+    def draw(self, t: int) -> np.ndarray:
+        """The frame of state ``t`` (``0`` after reset, ``t`` after turn ``t``); negative ``t`` counts from the end."""
+        n = len(self)
+        if t < 0:
+            t += n
+        if not 0 <= t < n:
+            raise IndexError(f"state {t} out of range: the episode has {n} states")
+        if self.mismatch is not None and t >= self.mismatch.turn:
+            return next(_recorded_cards(self.record, self.shape, t))
+        if t == 0 and self._first is not None:
+            return self._first
+        return self._draw_env_state(t)
+
+    def draw_range(self, lo: int, hi: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(t, frame)`` for states ``lo..hi - 1`` in one forward pass (a viewer stepping backwards caches a
+        run of earlier states with one restart instead of one restart per state)."""
+        for t in range(max(0, lo), min(hi, len(self))):
+            yield t, self.draw(t)
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
 
 
 def verify_episode(record: EpisodeRecord, *, env_kwargs: Mapping[str, Any] | None = None) -> Mismatch | None:

@@ -10,7 +10,8 @@ or last turn, PgUp/PgDn and the mouse wheel scroll the reasoning, q or Esc quits
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,34 +27,113 @@ VIEWER_SIZE = (1100, 640)
 HELP = "left/right: step   space: play/pause   up/down or p/n: episode   wheel, PgUp/PgDn: scroll   q: quit"
 _SCROLL_PAGE = 10
 _WHEEL_LINES = 3
+#: Frames kept per open episode, and episodes kept open: the viewer's memory does not grow with the number of
+#: turns or episodes (a 10,000-turn record drawn up front was 10,001 boards, gigabytes; see docs/security.md).
+FRAME_CACHE_SIZE = 16
+EPISODE_CACHE_SIZE = 4
+
+
+class CachedFrames(Sequence):
+    """``n`` frames drawn on demand by ``draw(i)``, the ``cache_size`` most recently used kept (LRU).
+
+    ``draw_range(lo, hi)``, when given, yields ``(i, frame)`` for ``lo <= i < hi`` in one pass: a miss below the
+    last drawn frame (stepping backwards, where a replay restarts from the reset) then caches the half cache of
+    frames before it too, so the next steps back are hits.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        draw: Callable[[int], np.ndarray],
+        *,
+        cache_size: int = FRAME_CACHE_SIZE,
+        draw_range: Callable[[int, int], Iterator[tuple[int, np.ndarray]]] | None = None,
+        close: Callable[[], None] | None = None,
+    ):
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be positive, got {cache_size}")
+        self._n, self._draw, self._draw_range, self._close = int(n), draw, draw_range, close
+        self.cache_size = cache_size
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._last = -1
+        self.drawn = 0  # frames drawn so far (cache misses), for tests and profiling
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        i = int(i) + (self._n if i < 0 else 0)
+        if not 0 <= i < self._n:
+            raise IndexError(f"frame {i} out of range ({self._n} frames)")
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        if self._draw_range is not None and i < self._last:
+            for j, f in self._draw_range(max(0, i - self.cache_size // 2 + 1), i + 1):
+                self._put(j, f)
+        else:
+            self._put(i, self._draw(i))
+        self._last = i
+        self._cache.move_to_end(i)
+        return self._cache[i]
+
+    def _put(self, i: int, frame: np.ndarray) -> None:
+        self.drawn += 1
+        self._cache[i] = frame
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
+
+    def close(self) -> None:
+        self._cache.clear()
+        if self._close is not None:
+            self._close()
 
 
 @dataclass
 class EpisodeFrames:
-    """An episode ready to show: one board frame per state, and what went wrong rebuilding it, if anything."""
+    """An episode ready to show: one board frame per state (a list, or frames drawn on demand), and what went
+    wrong rebuilding it, if anything."""
 
-    frames: list[np.ndarray]
+    frames: Sequence[np.ndarray]
     problem: str | None = None
+
+    def close(self) -> None:
+        """Release what the frames hold (a live env, cached frames)."""
+        close = getattr(self.frames, "close", None)
+        if callable(close):
+            close()
 
 
 def load_episode(record: EpisodeRecord, env_kwargs: dict | None = None) -> EpisodeFrames:
-    """Replay ``record`` into frames; when the env cannot be made, show the recorded observations as text.
+    """Open ``record`` for viewing: frames are drawn when shown (:class:`CachedFrames` over a
+    :class:`~llm_gym.render.replay.ReplayCursor`); when the env cannot be made, the recorded observations are
+    shown as text cards, also drawn on demand.
 
     ``env_kwargs`` come from the user and override the record's (see ``replay_env_args``)."""
     from llm_gym.render.card import draw_text_card
-    from llm_gym.render.replay import replay_episode
+    from llm_gym.render.replay import ReplayCursor
     from llm_gym.render.scene import to_array
 
     try:
-        replay = replay_episode(record, env_kwargs=env_kwargs)
+        cursor = ReplayCursor(record, env_kwargs=env_kwargs)
     except Exception as e:  # any env failure must not take the viewer down: fall back to the recorded text
-        observations = [record.initial_observation] + [t.observation for t in record.turns]
-        frames = [
-            to_array(draw_text_card(o, f"recorded (turn {i})", CARD_SIZE)) for i, o in enumerate(observations)
-        ]
-        return EpisodeFrames(frames, f"cannot replay ({type(e).__name__}): {e}")
-    problem = None if replay.mismatch is None else f"replay mismatch at {replay.mismatch}"
-    return EpisodeFrames(replay.frames, problem)
+
+        def card(i: int) -> np.ndarray:
+            o = record.initial_observation if i == 0 else record.turns[i - 1].observation
+            return to_array(draw_text_card(o, f"recorded (turn {i})", CARD_SIZE))
+
+        return EpisodeFrames(
+            CachedFrames(len(record.turns) + 1, card), f"cannot replay ({type(e).__name__}): {e}"
+        )
+    problem = None if cursor.mismatch is None else f"replay mismatch at {cursor.mismatch}"
+    frames = CachedFrames(len(cursor), cursor.draw, draw_range=cursor.draw_range, close=cursor.close)
+    return EpisodeFrames(frames, problem)
 
 
 class ViewerState:
@@ -92,7 +172,7 @@ class ViewerState:
         self.running = True
         self.version = 0
         self._loader = loader
-        self._loaded: dict[int, EpisodeFrames] = {}
+        self._loaded: OrderedDict[int, EpisodeFrames] = OrderedDict()  # LRU of open episodes
         self._clock = 0.0
 
     # ------------------------------------------------------------------ queries
@@ -105,10 +185,23 @@ class ViewerState:
         return len(self.record.turns)
 
     def episode_frames(self) -> EpisodeFrames:
-        """The current episode's frames (replayed on first use, then cached)."""
-        if self.episode not in self._loaded:
+        """The current episode's frames (opened on first use; the last ``EPISODE_CACHE_SIZE`` stay open)."""
+        if self.episode in self._loaded:
+            self._loaded.move_to_end(self.episode)
+        else:
             self._loaded[self.episode] = self._loader(self.record)
+            while len(self._loaded) > EPISODE_CACHE_SIZE:
+                _, old = self._loaded.popitem(last=False)
+                if hasattr(old, "close"):
+                    old.close()
         return self._loaded[self.episode]
+
+    def close(self) -> None:
+        """Release every open episode (live envs, cached frames)."""
+        while self._loaded:
+            _, old = self._loaded.popitem(last=False)
+            if hasattr(old, "close"):
+                old.close()
 
     # ------------------------------------------------------------------ transitions
     def _changed(self) -> None:
@@ -273,5 +366,8 @@ def run_viewer(
     """
     loader = load_episode if env_kwargs is None else (lambda rec: load_episode(rec, env_kwargs))
     state = ViewerState(records, fps=fps, episode=episode, loader=loader)
-    run_window(state, draw_viewer, size=size, title="llm-gym viewer", max_frames=max_frames)
+    try:
+        run_window(state, draw_viewer, size=size, title="llm-gym viewer", max_frames=max_frames)
+    finally:
+        state.close()
     return state

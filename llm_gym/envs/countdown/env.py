@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ _MAX_ANSWER_LENGTH = 256
 NUMBER_MAX = 10**6
 #: Largest target magnitude (``target_range``, data-set and ``options`` targets).
 TARGET_MAX = 10**9
+#: Reachable values computed over all draws of one generated puzzle (~1 s; a five-number draw computes ~34,000,
+#: so wide number ranges that rarely hit ``target_range`` cannot cost 20 such draws, ~14 s, per reset).
+GENERATION_WORK_MAX = 100_000
 #: Most numbers in a data-set or ``options`` task (generated puzzles are capped by ``SOLUTION_MAX_NUMBERS``).
 TASK_MAX_NUMBERS = 64
 #: ``dataset="ragen"`` stands for these settings (``ragen/env/countdown/env.py`` and ``config.py``): the hub data,
@@ -59,6 +63,30 @@ def _int_pair(name: str, value: Any, low: int, high: int) -> tuple[int, int]:
     return int(a), int(b)
 
 
+def reachable_bounds(
+    num_count: tuple[int, int], number_range: tuple[int, int], operators: str
+) -> tuple[int, int]:
+    """``(low, high)`` enclosing every value a puzzle of ``num_count`` numbers from ``number_range`` can reach.
+
+    A value built from ``k`` numbers in ``[0, h]`` is ``p/q`` in lowest terms with ``q >= 1``; ``+`` gives
+    ``p1*q2 + p2*q1``, ``*`` and ``/`` products of the parts, so ``|p|`` and ``q`` stay below ``2**(k-1) * h**k``
+    (``k*h`` with ``+`` and ``-`` alone). Without ``-`` nothing is negative (the numbers are not)."""
+    k, h = num_count[1], max(number_range[1], 1)
+    high = k * h if set(operators) <= set("+-") else 2 ** (k - 1) * h**k
+    return (-high if "-" in operators else 0), high
+
+
+def _check_target_range(
+    num_count: tuple[int, int], number_range: tuple[int, int], target_range: tuple[int, int], operators: str
+) -> None:
+    low, high = reachable_bounds(num_count, number_range, operators)
+    if target_range[1] < low or target_range[0] > high:
+        raise ValueError(
+            f"target_range {target_range} is unreachable: {num_count[1]} numbers from {number_range} with "
+            f"operators {operators!r} reach only values in [{low}, {high}]"
+        )
+
+
 def generate_puzzle(
     rng: np.random.Generator,
     num_count: tuple[int, int] = (3, 4),
@@ -68,35 +96,36 @@ def generate_puzzle(
     max_tries: int = 20,
     operators: str = OPERATORS,
 ) -> tuple[list[int], int, str]:
-    """``(nums, target, solution)``: a solvable puzzle drawn from ``rng``.
+    """``(nums, target, solution)``: a solvable puzzle drawn from ``rng``, its target in ``target_range``.
 
     Draws the numbers, computes every value they reach exactly, and picks the target uniformly among the
-    distinct integers reachable in ``target_range``. If ``max_tries`` draws reach no integer in range (rare,
-    e.g. a narrow range), the last draw keeps the reachable integer nearest the range, so generation always ends.
+    distinct integers reachable in ``target_range``. Work is bounded: at most ``max_tries`` draws and
+    :data:`GENERATION_WORK_MAX` reachable values computed over all of them (a draw of five numbers computes
+    ~34,000). Raises ``ValueError`` when ``target_range`` cannot be reached at all (decided before drawing, see
+    :func:`reachable_bounds`) or was not reached within those bounds: the target is never outside the range.
     ``operators`` restricts the expressions considered (``"+-"``: puzzles solvable with ``+`` and ``-`` alone, the
     offline counterpart of RAGEN's filtered data); the reference solution uses only those operators.
     """
     operators = check_operators(operators)
-    best: tuple[int, list[int], Reachable, dict] | None = None
+    _check_target_range(num_count, number_range, target_range, operators)
     lo, hi = target_range
-    for _ in range(max_tries):
+    work = 0
+    tries = 0
+    while tries < max_tries and work < GENERATION_WORK_MAX:
+        tries += 1
         k = int(rng.integers(num_count[0], num_count[1] + 1))
         nums = [int(x) for x in rng.integers(number_range[0], number_range[1] + 1, size=k)]
         solver = Reachable(nums, operators)
+        work += sum(len(t) for t in solver.table)
         values = solver.values(allow_unused)
-        ints = sorted(v for v in values if isinstance(v, int))
-        if not ints:  # possible with a restricted operator set (e.g. "/" and a zero)
-            continue
-        candidates = [v for v in ints if lo <= v <= hi]
+        candidates = sorted(v for v in values if isinstance(v, int) and lo <= v <= hi)
         if candidates:
             target = candidates[int(rng.integers(len(candidates)))]
             return nums, target, solver.expression(target, values[target])
-        nearest = min(ints, key=lambda v: (max(lo - v, v - hi, 0), v))
-        best = (nearest, nums, solver, values)
-    if best is None:
-        raise ValueError(f"no integer is reachable with operators {operators!r} in {max_tries} draws")
-    target, nums, solver, values = best
-    return nums, target, solver.expression(target, values[target])
+    raise ValueError(
+        f"no puzzle with a target in {target_range} found in {tries} draws of {num_count} numbers from "
+        f"{number_range} (operators {operators!r}); widen target_range or narrow number_range"
+    )
 
 
 @dataclass(frozen=True)
@@ -106,6 +135,33 @@ class Verdict:
     kind: str
     value: Fraction | None = None
     error: str | None = None
+
+
+def check_answer_ragen(answer: str, nums: Sequence[int], target: int) -> Verdict:
+    """Score an answer as RAGEN's ``compute_reward`` does (``ragen/env/countdown/env.py``).
+
+    ``check_format``: the integers found in the whole answer (``re.findall(r"\\d+", ...)``, so also after an
+    ``=``) sorted must equal the given numbers sorted, else 0 (``invalid``). ``check_correctness``: the answer's
+    value must be within 1e-5 of the target (``correct``), else the format score (``wrong_value``); an answer that
+    cannot be evaluated gets the format score too (RAGEN's ``eval`` raising). So ``2+3=5`` with numbers
+    ``[2, 3, 5]`` gets the format score, and with ``[2, 3]`` gets 0. The value comes from llm-gym's parser, not
+    ``eval``: forms only Python accepts (``**``, ``//``, ``%``) count as not evaluable here.
+    """
+    if not isinstance(answer, str):
+        return Verdict("invalid", error="answer must be a str")
+    if len(answer) > _MAX_ANSWER_LENGTH:
+        return Verdict("invalid", error=f"answer longer than {_MAX_ANSWER_LENGTH} characters")
+    found = sorted(int(n) for n in re.findall(r"\d+", answer))
+    if found != sorted(int(n) for n in nums):
+        shown = ", ".join(str(n) for n in found)
+        return Verdict(
+            "invalid",
+            error=f"the numbers in the answer [{shown}] are not the given ones (RAGEN's check_format)",
+        )
+    result = evaluate(answer)
+    if result.ok and abs(result.value - target) < Fraction(1, 10**5):
+        return Verdict("correct", result.value)
+    return Verdict("wrong_value", result.value, None if result.ok else result.error)
 
 
 def check_answer(answer: str, nums: Sequence[int], target: int, allow_unused: bool = False) -> Verdict:
@@ -171,7 +227,8 @@ class CountdownEnv(TextEnv):
 
     ## Arguments
     ``num_count`` ((3, 4), at most 5), ``number_range`` ((1, 99), within [0, 10**6]), ``target_range``
-    ((10, 100), within [-10**9, 10**9]),
+    ((10, 100), within [-10**9, 10**9]; a range those numbers can never reach is a ``ValueError`` at construction,
+    and a range no draw reached within the generation budget one at reset: the target is always in the range),
     ``allow_unused`` (False), ``dataset`` (None: generate; a ``.json``/``.jsonl``/``.parquet`` path or a hub id
     with ``target`` and ``nums`` fields), ``split`` ("train"), ``max_turns`` (5) and the common ``TextEnv``
     arguments.
@@ -181,8 +238,9 @@ class CountdownEnv(TextEnv):
     RAGEN, random when reset without a seed). ``dataset="ragen"`` means ``dataset=RAGEN_DATASET,
     max_rows=20000, operators="+-", index_by="seed"`` (RAGEN's ``ragen/env/countdown/env.py``); offline it fails
     with a clear error, and ``operators="+-"`` on generated puzzles is the offline counterpart. With
-    ``parse_mode="ragen"`` an answer containing ``=`` scores 0, as RAGEN's check (numbers must match the given
-    ones exactly, then ``eval``) gives for ``expression = value``.
+    ``parse_mode="ragen"`` answers are scored by RAGEN's rule (:func:`check_answer_ragen`): the integers anywhere
+    in the answer must be the given ones (so ``2+3=5`` scores 0 with ``[2, 3]`` and the format score 0.1 with
+    ``[2, 3, 5]``), then the value must equal the target; ``allow_unused`` does not apply.
     ``reset(options={"nums": [...], "target": t})`` plays a given puzzle (data-set and ``options`` tasks: at most
     64 numbers in [0, 10**6], a target in [-10**9, 10**9]); ``options={"index": i}`` a given
     data-set item.
@@ -235,6 +293,8 @@ class CountdownEnv(TextEnv):
         self.num_count = _int_pair("num_count", num_count, 1, SOLUTION_MAX_NUMBERS)
         self.number_range = _int_pair("number_range", number_range, 0, NUMBER_MAX)
         self.target_range = _int_pair("target_range", target_range, -TARGET_MAX, TARGET_MAX)
+        if dataset is None:  # generated puzzles: refuse a range no draw can reach now, not at every reset
+            _check_target_range(self.num_count, self.number_range, self.target_range, self.operators)
         self.allow_unused = bool(allow_unused)
         for name in ("max_actions_per_turn", "max_actions"):
             if kwargs.pop(name, 1) != 1:
@@ -351,9 +411,8 @@ class CountdownEnv(TextEnv):
 
     def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
         self.last_answer = action
-        if self.parse_mode == "ragen" and "=" in action:
-            # RAGEN matches the answer's numbers against the given ones, so "expr = value" scores 0.
-            self.verdict = Verdict("invalid", error="RAGEN's rules reject '=' in the answer")
+        if self.parse_mode == "ragen":
+            self.verdict = check_answer_ragen(action, self.nums, self.target)
         else:
             self.verdict = check_answer(action, self.nums, self.target, self.allow_unused)
         spec = self.reward_spec
@@ -373,6 +432,8 @@ class CountdownEnv(TextEnv):
         assert v is not None
         if v.kind == "correct":
             why = "it reaches the target."
+        elif v.kind == "wrong_value" and v.value is None:  # RAGEN's rule: right numbers, not evaluable
+            why = f"the numbers are right but the answer cannot be evaluated ({v.error})."
         elif v.kind == "wrong_value":
             shown = format_number(v.value)
             why = f"it equals {shown if len(shown) <= 40 else 'another value'}, not {self.target}."

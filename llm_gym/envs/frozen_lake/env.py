@@ -16,6 +16,8 @@ _INDEX = {name: i for i, name in enumerate(ACTIONS)}
 #: Largest board side (``size``, and each side of a ``map`` given at reset): bounds reset time and observation
 #: length (a 64x64 ``grid_coord`` observation is about 53k characters).
 MAX_SIZE = 64
+#: ``observation_style`` values: our coordinate text, or RAGEN's exact one.
+OBSERVATION_STYLES = ("llmgym", "ragen")
 
 
 def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 200) -> list[str]:
@@ -101,6 +103,10 @@ class FrozenLakeEnv(TextEnv):
     ## Observation
     ``grid`` (default): rows of ``P`` player, ``_`` frozen (the start is shown as frozen), ``O`` hole, ``G`` goal,
     ``X`` player in a hole, ``√`` player on the goal. ``grid_coord``: a coordinate block, then the grid.
+    ``observation_style="ragen"`` writes that block exactly as RAGEN does (``ragen/env/frozen_lake/utils.py``,
+    ``format_coordinate_render``, and ``ragen/env/frozen_lake/env.py``, ``_render_text``): ``Coordinates: `` and
+    ``Grid Map: `` headers with a trailing space, ``Board size: R rows x C cols (zero-indexed).``, start, goal,
+    player, then the holes, a line with no entries (no holes) left out.
 
     ## Rewards
     ``goal`` +1 when the goal is reached; ``hole`` (0) when falling in; ``step`` (0) per executed action;
@@ -112,7 +118,8 @@ class FrozenLakeEnv(TextEnv):
 
     ## Arguments
     ``size`` (4; at most ``MAX_SIZE`` = 64), ``p`` frozen probability (0.9), ``success_rate`` (0.8), ``observation_format``
-    (``"grid"`` or ``"grid_coord"``), and the common ``TextEnv`` arguments. ``reset(options={"map": rows})``
+    (``"grid"`` or ``"grid_coord"``), ``observation_style`` (``"llmgym"`` or ``"ragen"``, RAGEN's exact
+    coordinate text; ``grid`` is the same in both), and the common ``TextEnv`` arguments. ``reset(options={"map": rows})``
     plays a given map: a list of equal-length ``S F H G`` strings (rows), at most ``size`` by ``size``.
 
     ## Version history
@@ -133,6 +140,7 @@ class FrozenLakeEnv(TextEnv):
         p: float = 0.9,
         success_rate: float = 0.8,
         observation_format: str = "grid",
+        observation_style: str = "llmgym",
         **kwargs: Any,
     ):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 2 <= size <= MAX_SIZE:
@@ -144,8 +152,13 @@ class FrozenLakeEnv(TextEnv):
             raise ValueError(f"success_rate must be in [0, 1], got {success_rate!r}")
         if observation_format not in ("grid", "grid_coord"):
             raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
+        if observation_style not in OBSERVATION_STYLES:
+            raise ValueError(
+                f"observation_style must be one of {OBSERVATION_STYLES}, got {observation_style!r}"
+            )
         self.size, self.p, self.success_rate = size, float(p), float(success_rate)
         self.observation_format = observation_format
+        self.observation_style = observation_style
         # Grid rows plus, for grid_coord, a header and up to size^2 "(r, c), " hole entries.
         self.obs_max_length = size * (size + 1) + (
             0 if observation_format == "grid" else 200 + 12 * size * size
@@ -232,9 +245,30 @@ class FrozenLakeEnv(TextEnv):
             grid = self._grid()
             if self.observation_format == "grid":
                 self._obs = grid
+            elif self.observation_style == "ragen":
+                self._obs = "Coordinates: \n" + self._ragen_coords() + "\nGrid Map: \n" + grid
             else:
                 self._obs = self._coords() + "\nGrid Map:\n" + grid
         return self._obs
+
+    def _ragen_coords(self) -> str:
+        # RAGEN's collect_entity_coordinates + format_coordinate_render: cells row-major, empty lines left out.
+        def where(ch: str) -> str:
+            return ", ".join(
+                f"({r}, {c})" for r, row in enumerate(self.desc) for c, x in enumerate(row) if x == ch
+            )
+
+        label = {"G": "Player on goal", "H": "Player in hole"}.get(self._cell(self.player), "Player")
+        lines = [f"Board size: {len(self.desc)} rows x {len(self.desc[0])} cols (zero-indexed)."]
+        for name, cells in (
+            ("Start", where("S")),
+            ("Goal", where("G")),
+            (label, f"({self.player[0]}, {self.player[1]})"),
+            ("Holes", where("H")),
+        ):
+            if cells:
+                lines.append(f"{name}: {cells}")
+        return "\n".join(lines)
 
     def _coords(self) -> str:
         def where(ch: str) -> list[tuple[int, int]]:

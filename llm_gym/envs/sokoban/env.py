@@ -58,6 +58,10 @@ def _resolve_vocab(vocab: str | Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+#: ``observation_style`` values: our coordinate text, or RAGEN's exact one.
+OBSERVATION_STYLES = ("llmgym", "ragen")
+
+
 def _cells(cells) -> str:
     return ", ".join(f"({r}, {c})" for r, c in sorted(cells)) or "none"
 
@@ -80,7 +84,10 @@ class SokobanEnv(TextEnv):
     ``grid`` (default): rows of ``#`` wall, ``_`` empty, ``O`` target, ``X`` box, ``√`` box on target, ``P``
     player, ``S`` player on target. ``vocab="remapped"`` uses ``W . G B C A @`` for the same roles (wall,
     empty, target, box, box on target, player, player on target). ``grid_coord``: a coordinate block (board
-    size, targets, boxes, boxes on target, player), then ``Grid Map:`` and the grid.
+    size, targets, boxes, boxes on target, player), then ``Grid Map:`` and the grid. ``observation_style="ragen"``
+    writes that block exactly as RAGEN does (``ragen/env/sokoban/utils.py``, ``format_coordinate_render``, and
+    ``ragen/env/sokoban/env.py``, ``_render_text``): ``Coordinates: `` and ``Grid Map: `` headers with a trailing
+    space, ``Board size: R rows x C cols (zero-indexed).``, and lines with no entries left out.
 
     ## Rewards
     ``step`` -0.1 per executed action; ``box_on_target`` +1 when a box is pushed onto a target;
@@ -94,14 +101,15 @@ class SokobanEnv(TextEnv):
     ## Arguments
     ``dim_room`` ((6, 6), at most (100, 100); a larger room gets an observation space that fits it), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
     episode's ``max_actions``, so every generated level can be solved in the budget), ``observation_format``
-    (``"grid"`` / ``"grid_coord"``), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
+    (``"grid"`` / ``"grid_coord"``), ``observation_style`` (``"llmgym"`` or ``"ragen"``: RAGEN's exact coordinate
+    text; the ``grid`` format is the same in both), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
     ``level_file`` (``None``, ``"sample"`` or an XSB path of at most 16 MiB and 10,000 levels of at most 100x100;
     the level is picked by seed or ``options={"level_index": i}``), ``solver_max_states`` (200000, at most 10**7; state budget for solving
-    file/given levels at reset), ``generator`` (``None``: our generator; a :class:`GeneratorConfig` overriding its knobs;
+    file/given levels at reset, and ``generator="ragen"`` levels), ``generator`` (``None``: our generator; a :class:`GeneratorConfig` overriding its knobs;
     ``"ragen"`` or a :class:`RagenGeneratorConfig`: RAGEN's generator, ``ragen/env/sokoban/utils.py``, whose
     levels are easier and not bounded by ``min/max_optimal_length``), ``search_depth`` (``generator="ragen"``
-    only: RAGEN's reverse-play depth, 300 by default; RAGEN uses 10 for LargerSokoban and 30 for the
-    new-vocabulary variant), and the common ``TextEnv`` arguments (``max_turns`` 5,
+    only: RAGEN's reverse-play depth, 300 by default, at most 1000; RAGEN uses 10 for LargerSokoban and 30 for
+    the new-vocabulary variant; RAGEN's rooms need ``dim_room`` >= 5x5 and ``num_boxes`` <= ``min(dim_room) - 2``), and the common ``TextEnv`` arguments (``max_turns`` 5,
     ``max_actions_per_turn`` 2, ``max_actions`` 10).
     ``reset(options={"level": text_or_SokobanLevel})`` plays that level.
 
@@ -129,6 +137,7 @@ class SokobanEnv(TextEnv):
         min_optimal_length: int = 2,
         max_optimal_length: int | None = None,
         observation_format: str = "grid",
+        observation_style: str = "llmgym",
         vocab: str | Mapping[str, str] = "default",
         level_file: str | None = None,
         solver_max_states: int = 200_000,
@@ -138,6 +147,10 @@ class SokobanEnv(TextEnv):
     ):
         if observation_format not in ("grid", "grid_coord"):
             raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
+        if observation_style not in OBSERVATION_STYLES:
+            raise ValueError(
+                f"observation_style must be one of {OBSERVATION_STYLES}, got {observation_style!r}"
+            )
         if (
             isinstance(solver_max_states, bool)
             or not isinstance(solver_max_states, int)
@@ -147,6 +160,7 @@ class SokobanEnv(TextEnv):
                 f"solver_max_states must be an integer in [0, {SOLVER_MAX_STATES_LIMIT}], got {solver_max_states!r}"
             )
         self.observation_format = observation_format
+        self.observation_style = observation_style
         self.vocab = _resolve_vocab(vocab)
         self.glyphs = "".join(self.vocab.values())
         self.solver_max_states = solver_max_states
@@ -158,10 +172,15 @@ class SokobanEnv(TextEnv):
         if search_depth is not None and generator != "ragen":
             raise ValueError("search_depth applies to generator='ragen' only")
         if generator == "ragen":
+            if solver_max_states < 1:
+                raise ValueError(
+                    "generator='ragen' measures every level with the solver: solver_max_states >= 1"
+                )
             generator = RagenGeneratorConfig(
                 dim_room=dim_room,
                 num_boxes=num_boxes,
                 search_depth=300 if search_depth is None else search_depth,
+                solver_max_states=solver_max_states,  # the env's budget applies to its generated levels too
             )
         elif isinstance(generator, str):
             raise ValueError(f"generator must be None, 'ragen' or a generator config, got {generator!r}")
@@ -367,12 +386,32 @@ class SokobanEnv(TextEnv):
             f"{'Player on target' if on else 'Player'}: ({self._player[0]}, {self._player[1]})"
         )
 
+    def _ragen_coords(self) -> str:
+        # RAGEN's format_coordinate_render: walls are not listed, empty categories are left out, cells row-major.
+        level, goals, boxes = self._level, self._level.goals, self._boxes
+        player = "Player on target" if self._player in goals else "Player"
+        lines = [f"Board size: {level.height} rows x {level.width} cols (zero-indexed)."]
+        for label, cells in (
+            ("Targets", goals),
+            ("Boxes", boxes - goals),
+            ("Boxes on target", boxes & goals),
+            (player, {self._player}),
+        ):
+            if cells:
+                lines.append(f"{label}: {_cells(cells)}")
+        return "\n".join(lines)
+
     def _observation(self) -> str:
         if self._level is None:
             return ""
         if self._obs is None:
             grid = self._grid()
-            self._obs = grid if self.observation_format == "grid" else f"{self._coords()}\nGrid Map:\n{grid}"
+            if self.observation_format == "grid":
+                self._obs = grid
+            elif self.observation_style == "ragen":
+                self._obs = f"Coordinates: \n{self._ragen_coords()}\nGrid Map: \n{grid}"
+            else:
+                self._obs = f"{self._coords()}\nGrid Map:\n{grid}"
         return self._obs
 
     def _obs_bound(self, level: SokobanLevel) -> int:

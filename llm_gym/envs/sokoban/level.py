@@ -10,13 +10,18 @@ of the level and sealed-off pockets) become walls, so ``format_xsb(parse_level(t
 cells only.
 
 Bounds (untrusted files): a level is at most ``LEVEL_MAX_SIDE`` (100) rows and columns after that cropping, a text
-holds at most ``MAX_LEVELS`` (10,000) levels, a level file at most ``LEVEL_FILE_MAX_BYTES`` (16 MiB); beyond that
-parsing stops with a ``ValueError`` saying which bound, before allocating anything per cell.
+holds at most ``MAX_LEVELS`` (10,000) levels and ``MAX_TOTAL_CELLS`` (2,000,000) board cells in all, a level file
+at most ``LEVEL_FILE_MAX_BYTES`` (16 MiB); beyond that parsing stops with a ``ValueError`` saying which bound,
+before allocating anything per cell of the level over the bound. :func:`load_levels` keeps the parsed levels of
+the last few files (keyed by resolved path, modification time and size), so many envs on one file parse it once.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +36,11 @@ XSB_CHARS = "#@+$*. -_"
 LEVEL_MAX_SIDE = 100
 MAX_LEVELS = 10_000
 LEVEL_FILE_MAX_BYTES = 16 * 1024 * 1024
+#: Board cells (rows x columns after cropping) over all levels of one text: parsing runs at ~250,000 cells/s,
+#: so this caps one parse at ~8 s (10,000 40x40 levels, 16 M cells, took a minute). 10,000 Boxoban levels are 1 M.
+MAX_TOTAL_CELLS = 2_000_000
+#: Files whose parsed levels :func:`load_levels` keeps (levels are immutable, so envs share them).
+LEVEL_CACHE_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -234,12 +244,19 @@ def parse_levels(text: str, *, source: str = "") -> list[SokobanLevel]:
     start = 0
     name = ""
     pending = ""
+    cells = 0
     for i, line in enumerate([*_board_lines(text), ""], start=1):
         comment = line.lstrip().startswith(";")
         if not line.strip() or comment or _is_metadata(line):
             if block:
                 levels.append(_parse_block(block, start, source, name))
                 block = []
+                cells += levels[-1].height * levels[-1].width
+                if cells > MAX_TOTAL_CELLS:
+                    raise ValueError(
+                        f"{source + ': ' if source else ''}more than {MAX_TOTAL_CELLS:,} board cells in one text "
+                        f"(at the level ending on line {i - 1}); split the collection into smaller files"
+                    )
             if comment:
                 pending = line.lstrip()[1:].strip()
             continue
@@ -255,11 +272,27 @@ def parse_levels(text: str, *, source: str = "") -> list[SokobanLevel]:
     return levels
 
 
+_level_cache: OrderedDict[tuple, tuple[SokobanLevel, ...]] = OrderedDict()
+_level_cache_lock = threading.Lock()
+
+
 def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
-    """Every level of an XSB file; ``"sample"`` loads the bundled sample collection."""
+    """Every level of an XSB file; ``"sample"`` loads the bundled sample collection.
+
+    The parsed levels of the last :data:`LEVEL_CACHE_SIZE` files are kept, keyed by resolved path, modification
+    time and size (a changed file is parsed again); each call returns a new list."""
     path = sample_path() if str(path) == "sample" else Path(path)
     try:
         with Path(path).open("rb") as f:
+            st = os.fstat(f.fileno())
+            # A regular file's identity; anything else (a pipe, /dev/zero) is read each time.
+            key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if stat.S_ISREG(st.st_mode):
+                with _level_cache_lock:
+                    cached = _level_cache.get(key)
+                    if cached is not None:
+                        _level_cache.move_to_end(key)
+                        return list(cached)
             data = f.read(LEVEL_FILE_MAX_BYTES + 1)  # bounded: /dev/zero or a huge file must not fill memory
     except OSError as e:
         raise ValueError(f"cannot read level file {str(path)!r}: {e.strerror or e}") from None
@@ -269,7 +302,13 @@ def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
         text = data.decode("utf-8-sig")  # a UTF-8 byte order mark is skipped
     except UnicodeDecodeError as e:
         raise ValueError(f"level file {str(path)!r} is not valid UTF-8 (byte {e.start})") from None
-    return parse_levels(text, source=Path(path).name)
+    levels = parse_levels(text, source=Path(path).name)
+    if stat.S_ISREG(st.st_mode) and len(data) == st.st_size:  # not changed while it was read
+        with _level_cache_lock:
+            _level_cache[key] = tuple(levels)
+            while len(_level_cache) > LEVEL_CACHE_SIZE:
+                _level_cache.popitem(last=False)
+    return levels
 
 
 def sample_path() -> Path:

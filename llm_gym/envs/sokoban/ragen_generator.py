@@ -49,11 +49,23 @@ _WALK = ((1, 0), (0, 1), (-1, 0), (0, -1))
 _ORDER = ((-1, 0), (1, 0), (0, -1), (0, 1))
 #: RAGEN's cap on explored states per reverse play.
 MAX_EXPLORED = 300_000
+#: Explored states over all rooms drawn for one level (RAGEN retries rooms forever): at most ~10 s of reverse
+#: play at reset (100x100 rooms with many boxes) before a ``ValueError``.
+TOTAL_EXPLORED = 1_000_000
+#: Largest ``search_depth`` accepted (RAGEN uses 10, 30 and 300).
+SEARCH_DEPTH_MAX = 1000
+#: Largest side of a room (as for our own generator and XSB files).
+SIDE_MAX = 100
+#: Largest ``num_steps`` of the topology walk (the default is ``int(1.7 * (rows + cols))``, 340 at 100x100).
+NUM_STEPS_MAX = 10_000
+#: Largest ``max_rooms`` and ``solver_max_states`` (the env's ``SOLVER_MAX_STATES_LIMIT``).
+MAX_ROOMS_MAX = 100_000
+SOLVER_MAX_STATES_MAX = 10_000_000
 
 
-def _int_at_least(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _int_in(name: str, value, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {str(value)[:50]}")
     return int(value)
 
 
@@ -62,14 +74,17 @@ class RagenGeneratorConfig:
     """Knobs of RAGEN's generator (defaults: RAGEN's ``SimpleSokoban``).
 
     Attributes:
-        dim_room: ``(rows, cols)`` including the outer wall; each at least 4.
-        num_boxes: boxes (= targets).
-        search_depth: time-to-live of the reverse-play DFS (RAGEN: 300; ``LargerSokoban`` 10,
+        dim_room: ``(rows, cols)`` including the outer wall; each in [5, 100] (a 4-wide room has a 2x2
+            interior, where reverse play can never uncover a target).
+        num_boxes: boxes (= targets); at most ``min(dim_room) - 2``.
+        search_depth: time-to-live of the reverse-play DFS, at most 1000 (RAGEN: 300; ``LargerSokoban`` 10,
             ``SokobanDifferentGridVocab`` 30).
         p_change_directions: chance per walk step that the walker turns.
-        num_steps: random-walk length (``None``: ``int(1.7 * (rows + cols))``, gym-sokoban's ``num_gen_steps``).
-        max_rooms: rooms drawn before giving up with ``RuntimeError`` (RAGEN retries without bound).
-        solver_max_states: state budget of the BFS that measures the optimal length.
+        num_steps: random-walk length, at most 10,000 (``None``: ``int(1.7 * (rows + cols))``, gym-sokoban's
+            ``num_gen_steps``).
+        max_rooms: rooms drawn before giving up with ``ValueError`` (RAGEN retries without bound); the rooms of
+            one level also share a budget of ``TOTAL_EXPLORED`` reverse-play states.
+        solver_max_states: state budget of the BFS that measures the optimal length (at most 10**7).
     """
 
     dim_room: tuple[int, int] = (6, 6)
@@ -84,16 +99,23 @@ class RagenGeneratorConfig:
         dims = tuple(self.dim_room) if isinstance(self.dim_room, (tuple, list)) else ()
         if len(dims) != 2:
             raise ValueError(f"dim_room must be a (rows, cols) pair, got {self.dim_room!r}")
-        dims = (_int_at_least("dim_room rows", dims[0], 4), _int_at_least("dim_room cols", dims[1], 4))
+        dims = (
+            _int_in("dim_room rows", dims[0], 5, SIDE_MAX),
+            _int_in("dim_room cols", dims[1], 5, SIDE_MAX),
+        )
         object.__setattr__(self, "dim_room", dims)
-        _int_at_least("num_boxes", self.num_boxes, 1)
-        _int_at_least("search_depth", self.search_depth, 1)
-        if not 0.0 <= float(self.p_change_directions) <= 1.0:
+        _int_in("num_boxes", self.num_boxes, 1, min(dims) - 2)
+        _int_in("search_depth", self.search_depth, 1, SEARCH_DEPTH_MAX)
+        try:
+            p_change = float(self.p_change_directions)
+        except (TypeError, ValueError):
+            p_change = float("nan")
+        if not 0.0 <= p_change <= 1.0:
             raise ValueError(f"p_change_directions must be in [0, 1], got {self.p_change_directions!r}")
         if self.num_steps is not None:
-            _int_at_least("num_steps", self.num_steps, 1)
-        _int_at_least("max_rooms", self.max_rooms, 1)
-        _int_at_least("solver_max_states", self.solver_max_states, 1)
+            _int_in("num_steps", self.num_steps, 1, NUM_STEPS_MAX)
+        _int_in("max_rooms", self.max_rooms, 1, MAX_ROOMS_MAX)
+        _int_in("solver_max_states", self.solver_max_states, 1, SOLVER_MAX_STATES_MAX)
 
     @property
     def steps(self) -> int:
@@ -128,6 +150,19 @@ def reverse_play(
     Returns ``(player, box_positions, score)`` of the first state that reached the best score; box ``k`` is the
     one that started on ``targets[k]`` (targets in row-major order, like RAGEN's box mapping).
     """
+    return reverse_play_counted(floor, width, targets, player, search_depth)[0]
+
+
+def reverse_play_counted(
+    floor: bytes | bytearray,
+    width: int,
+    targets: list[int],
+    player: int,
+    search_depth: int,
+    max_explored: int = MAX_EXPLORED,
+) -> tuple[tuple[int, tuple[int, ...], int], int]:
+    """:func:`reverse_play` with a cap on explored states (RAGEN's 300,000 by default), also returning how many
+    states it explored."""
     target_mask = 0
     for t in targets:
         target_mask |= 1 << t
@@ -142,7 +177,7 @@ def reverse_play(
     while stack:
         p, boxes, bmask, pmask, pulled, swaps, last, ttl = stack.pop()
         ttl -= 1
-        if ttl <= 0 or len(explored) >= MAX_EXPLORED:
+        if ttl <= 0 or len(explored) >= max_explored:
             continue
         key = (p, bmask, pmask)
         if key in explored:
@@ -183,7 +218,7 @@ def reverse_play(
             else:
                 children.append((q, boxes, bmask, pmask, pulled, swaps, last, ttl))
         stack.extend(reversed(children))
-    return best
+    return best, len(explored)
 
 
 def _displacement(width: int, targets: list[int], boxes: tuple[int, ...]) -> int:
@@ -220,12 +255,19 @@ def generate_ragen_level(
     """A level drawn from ``rng`` alone by RAGEN's algorithm, with its exact optimal solution length.
 
     ``tries`` in the result counts the rooms drawn (RAGEN redraws rooms with too little floor or a best score of
-    0). Raises ``RuntimeError`` when ``config.max_rooms`` rooms all fail (RAGEN would retry forever), or when the
-    solver's state budget is too small to measure the level.
+    0). Raises ``ValueError`` (the configuration cannot produce a level within its bounds) when
+    ``config.max_rooms`` rooms or ``TOTAL_EXPLORED`` reverse-play states are used up without a usable room
+    (RAGEN would retry forever), or when the solver's state budget is too small to measure the level.
     """
     config = config or RagenGeneratorConfig()
     h, w = config.dim_room
+    budget = TOTAL_EXPLORED
     for attempt in range(1, config.max_rooms + 1):
+        if budget <= 0:
+            raise ValueError(
+                f"no usable room after exploring {TOTAL_EXPLORED:,} reverse-play states ({attempt - 1} rooms) "
+                f"for {config}; use fewer boxes or a smaller room"
+            )
         floor = ragen_topology(rng, config.dim_room, config.steps, float(config.p_change_directions))
         cells = [i for i in range(h * w) if floor[i]]
         if len(cells) <= config.num_boxes + 1:
@@ -235,7 +277,10 @@ def generate_ragen_level(
         for _ in range(config.num_boxes):
             targets.append(cells.pop(int(rng.integers(len(cells)))))
         targets.sort()  # RAGEN's box mapping iterates targets in row-major order
-        p, boxes, score = reverse_play(floor, w, targets, player, config.search_depth)
+        (p, boxes, score), explored = reverse_play_counted(
+            floor, w, targets, player, config.search_depth, min(MAX_EXPLORED, budget)
+        )
+        budget -= explored
         if score <= 0:
             continue
         disp = _displacement(w, targets, boxes)
@@ -250,9 +295,9 @@ def generate_ragen_level(
         )
         result = solve(level, max_states=config.solver_max_states)
         if not result.solved:
-            raise RuntimeError(
-                f"could not measure a generated level's optimal length ({result.status}); "
-                "raise solver_max_states"
+            raise ValueError(
+                f"could not measure a generated level's optimal length within solver_max_states="
+                f"{config.solver_max_states} ({result.status}); raise solver_max_states"
             )
         return GeneratedLevel(level, int(result.length), attempt)
-    raise RuntimeError(f"no usable room in {config.max_rooms} draws for {config}")
+    raise ValueError(f"no usable room in {config.max_rooms} draws for {config}")

@@ -1,0 +1,104 @@
+"""``benchmarks/gpu_check.py`` on CPU with the tiny shape: the script's logic (profile reading, round plan,
+generation and update loops, exact state bytes next to the estimate, JSON + table); the GPU numbers themselves
+need a CUDA box."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+TINY = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 400,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    pytest.importorskip("torch")
+    import gpu_check
+
+    return gpu_check
+
+
+def test_plan_follows_the_profile_budget_and_bounds_the_round(gpu_check):
+    s = gpu_check.settings_from(gpu_check.load_profile("sokoban"), [])
+    assert s["num_prompts"] * s["num_generations"] == gpu_check.plan(s, 300, 10**9)["rows"]
+    small = {**s, "num_prompts": 2, "num_generations": 2, "max_new_tokens": 8, "max_turns": 3}
+    assert gpu_check.plan({**small, "max_completion_length": 10}, 5, 10**6)["turn_tokens"] == [8]
+    p = gpu_check.plan({**small, "max_completion_length": 100, "per_device_train_batch_size": 3}, 5, 10**6)
+    assert p["turn_tokens"] == [8, 8, 8] and p["completion_length"] == 8 * 3 + 16 * 2
+    assert p["micro_batches"] == 2  # 4 rows in micro-batches of 3
+    with pytest.raises(ValueError, match="max_tokens"):
+        gpu_check.plan(small | {"max_completion_length": 100}, 5, 10)
+    with pytest.raises(ValueError, match="key=value"):
+        gpu_check.settings_from({}, ["not_a_setting=3"])
+    with pytest.raises(ValueError, match="positive integer"):
+        gpu_check.settings_from({}, ["max_turns=0"])
+
+
+def test_tiny_shape_on_cpu_reports_json_and_table_with_exact_states(gpu_check, tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    out = tmp_path / "report.json"
+    sets = [
+        "num_prompts=2",
+        "num_generations=2",
+        "per_device_train_batch_size=2",
+        "gradient_accumulation_steps=1",
+        "max_new_tokens=4",
+        "max_turns=2",
+        "max_completion_length=64",
+        "bf16=false",
+    ]
+    argv = [
+        "--env",
+        "bandit",
+        "--model_config",
+        str(cfg),
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--prompt_length",
+        "8",
+    ]
+    argv += [x for s in sets for x in ("--set", s)] + ["--json", str(out), "--gpu_gib", "80"]
+    assert gpu_check.main(argv) == 0
+    r = json.loads(out.read_text())
+    assert (
+        r["plan"]["rows"] == 4 and r["plan"]["turn_tokens"] == [4, 4] and r["plan"]["completion_length"] == 24
+    )
+    assert len(r["rounds"]) == 2 and all(x["generated_tokens"] == 4 * 8 for x in r["rounds"])
+    assert r["generation_tokens_per_s"] > 0 and r["update_seconds_per_round"] > 0
+    assert r["plan"]["optimizer_steps"] == 2 and r["optimizer_step_seconds"] > 0
+    # weights, gradients and AdamW state measured from the tensors equal the estimator's, byte for byte
+    est = r["estimate_bytes"]
+    assert r["measured_state_bytes"] == {k: est[k] for k in ("weights", "gradients", "optimizer")}
+    assert r["parameters"] == 99_904 and r["measured_state_bytes"]["weights"] == 4 * 99_904
+    measured, estimated = r["side_by_side"]["model_states"]
+    assert measured == estimated
+    assert r["peak_memory_bytes"]["cpu"] > 0 and r["fits"]["estimate_fits"] is True
+    text = capsys.readouterr().out
+    assert "tokens/s" in text and "measured" in text and "estimate" in text and "model_states" in text
+
+
+def test_vllm_needs_cuda(gpu_check, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert gpu_check.main(["--use_vllm", "--device", "cpu"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

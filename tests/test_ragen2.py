@@ -1,0 +1,763 @@
+"""RAGEN-2 protocol, trainer side: filter parity with RAGEN's selection code, the slack calibration, dual-clip and
+per-sequence loss aggregation by hand, Dr.GRPO's entropy scale, the ``ragen2`` profile, ``--dry_run``, the
+fewer-optimizer-steps mode, advantages after filtering, the separate critic, the early stops, the chat style."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from llm_gym.trainer.batch import empty_micro_batch, loss_mask, select_rows_copy, split_micro_batches
+from llm_gym.trainer.losses import aggregate, clipped_surrogate, policy_loss
+from llm_gym.trainer.snr_filter import decide, group_scores, metric_eps
+
+DATA = Path(__file__).parent / "data"
+QWEN_3B_CONFIG = DATA / "qwen2.5-3b" / "config.json"
+
+
+# ------------------------------------------------------------------------------------------ filter slack
+@pytest.mark.parametrize("metric", ["variance", "std"])
+def test_small_rewards_with_signal_are_not_skipped(metric):
+    # group 0 has signal (std 0.1, variance 0.01); with the absolute slack 0.01 on the variance this round was
+    # skipped (0.9 * 0.01 <= 0.01). The slack is in reward units now, squared for the variance.
+    d = decide(np.array([0.1, -0.1, 0.1, 0.1, -0.1, -0.1, -0.1, -0.1]), 4, metric=metric)
+    assert d.keep_groups.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("metric", ["variance", "std"])
+def test_tiny_spread_is_still_rejected_at_the_same_reward_scale(metric):
+    # std 0.005 per group: below RAGEN's 0.01 slack whichever score ranks the groups
+    r = np.array([0.0, 0.01, 0.0, 0.0] * 2) - 0.0025
+    assert decide(r, 4, metric=metric).skip
+    assert metric_eps(0.01, metric) == pytest.approx(1e-4 if metric == "variance" else 0.01)
+
+
+# ------------------------------------------------------------------------------------------ filter parity
+def ragen_select(
+    scores: torch.Tensor, *, value: float, include_zero: bool, mode: str, eps: float = 0.01
+) -> set:
+    """Written from RAGEN ``ragen/trainer/rollout_filter.py`` (``RolloutFilter._select_top_groups``, strategy
+    top_p, filter_type largest), float32 as there; ties sorted stably (the order RAGEN's sort gives on CPU)."""
+    scores = scores.float()
+    idx = torch.arange(scores.numel())
+    if not include_zero:
+        nz = scores.abs() > 1e-10
+        scores, idx = scores[nz], idx[nz]
+        if idx.numel() == 0:
+            return set()
+    if value >= 1.0:
+        return set(idx.tolist())
+    if mode == "softmax":
+        probs = torch.softmax(scores, dim=0)
+        sp, si = torch.sort(probs, descending=True, stable=True)
+        k = min(int(torch.searchsorted(torch.cumsum(sp, 0), value).item()) + 1, idx.numel())
+        return set(idx[si[:k]].tolist())
+    ss, si = torch.sort(scores, descending=True, stable=True)
+    threshold = value * scores.sum() - eps
+    total, count = 0.0, 0
+    for s in ss:
+        if total >= threshold:
+            break
+        if s.item() <= 0:
+            break
+        total += s.item()
+        count += 1
+    return set(idx[si[:count]].tolist()) if total >= threshold else set()
+
+
+def random_rewards(rng: np.random.Generator, groups: int, size: int) -> np.ndarray:
+    kind = rng.integers(4)
+    if kind == 0:  # Sokoban-like: success bonus, step and format penalties
+        return rng.choice([-1.0, -0.3, -0.1, 0.0, 9.3, 10.0], size=groups * size)
+    if kind == 1:  # 0/1 success with groups of every difficulty
+        p = np.repeat(rng.uniform(0, 1, groups), size)
+        return (rng.uniform(size=groups * size) < p).astype(float)
+    if kind == 2:  # continuous
+        return rng.normal(0, rng.uniform(0.01, 3), groups * size)
+    return np.round(rng.uniform(0, 1, groups * size), 1)  # coarse grid: many ties
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mode", "include_zero", "value"),
+    [
+        ("softmax_top_p", "softmax", True, 0.9),  # the main table's rule
+        ("softmax_top_p", "softmax", True, 1.0),  # its no-filter twin
+        ("top_p", "linear", True, 0.9),
+        ("top_p", "linear", False, 0.9),
+        ("softmax_top_p", "softmax", False, 0.7),
+    ],
+)
+def test_filter_selection_matches_ragens_code_on_random_batches(strategy, mode, include_zero, value):
+    rng = np.random.default_rng(12)
+    mismatches = 0
+    for _ in range(1200):
+        groups, size = int(rng.integers(1, 13)), int(rng.choice([2, 4, 8, 16]))
+        r = random_rewards(rng, groups, size)
+        ours = decide(r, size, strategy=strategy, value=value, include_zero=include_zero, metric="std")
+        std = torch.tensor(r, dtype=torch.float32).view(groups, size).std(dim=-1)  # RAGEN: rollout_filter.py
+        ref = ragen_select(std, value=value, include_zero=include_zero, mode=mode)
+        # Groups whose std is equal in exact arithmetic differ by float32 noise in RAGEN's std, which then decides
+        # which of the tied groups it keeps: compare the kept scores, so tied groups are interchangeable.
+        exact = group_scores(r, size, "std")
+        kept = np.flatnonzero(ours.keep_groups).tolist()
+        mismatches += len(kept) != len(ref) or not np.allclose(
+            np.sort(exact[kept]), np.sort(exact[sorted(ref)]), rtol=0, atol=1e-9
+        )
+    assert mismatches == 0
+
+
+def test_group_std_equals_ragens_unbiased_std():
+    r = np.random.default_rng(0).normal(size=64)
+    ref = torch.tensor(r).view(4, 16).std(dim=-1).numpy()
+    np.testing.assert_allclose(group_scores(r, 16, "std"), ref, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ loss math
+def test_dual_clip_and_per_sequence_aggregation_by_hand():
+    # two sequences of 3 tokens, the second with 2 real tokens; clip 0.2 / 0.28, dual-clip c = 3
+    ratio = torch.tensor([[1.5, 0.5, 4.0], [1.0, 0.7, 9.9]])
+    adv = torch.tensor([[1.0, 1.0, -1.0], [-2.0, -2.0, -2.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    old = torch.zeros(2, 3)
+    new = torch.log(ratio)
+    loss, clipped, dual = clipped_surrogate(new, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    # token by token: max(-A r, -A clip(r)), then min(., -A c) where A < 0
+    # (0,0) A=1, r=1.5: max(-1.5, -1.28) = -1.28           (clipped high)
+    # (0,1) A=1, r=0.5: max(-0.5, -0.8) = -0.5
+    # (0,2) A=-1, r=4: max(4, 1.2) = 4 -> min(4, 3) = 3    (dual clip)
+    # (1,0) A=-2, r=1: max(2, 2) = 2
+    # (1,1) A=-2, r=.7: max(1.4, 1.6) = 1.6                (clipped low)
+    expected = torch.tensor([[-1.28, -0.5, 3.0], [2.0, 1.6, 19.8]])
+    torch.testing.assert_close(loss[:, :2], expected[:, :2])
+    assert loss[0, 2].item() == pytest.approx(3.0)
+    assert loss[1, 2].item() == pytest.approx(6.0)  # masked later; dual clip still bounds it at -A c = 6
+    assert clipped.tolist()[0][:2] == [True, False] and clipped[1, 1]
+    assert dual[0, 2] and not dual[0, 0]
+    # per sequence (seq-mean-token-mean): ((-1.28 - 0.5 + 3) / 3 + (2 + 1.6) / 2) / 2
+    per_seq = ((-1.28 - 0.5 + 3.0) / 3 + (2.0 + 1.6) / 2) / 2
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(per_seq)
+    # token mean over the micro-batch: all five real tokens alike
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx((-1.28 - 0.5 + 3.0 + 2.0 + 1.6) / 5)
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx(
+        ((-1.28 - 0.5 + 3.0) + 3.6) / 2
+    )
+    norm = aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=10).item()
+    assert norm == pytest.approx((-1.28 - 0.5 + 3.0 + 3.6) / 20)
+    # RAGEN's token-mean with micro-batches of one sequence is the per-sequence mean
+    one_by_one = sum(aggregate(loss[i : i + 1], mask[i : i + 1], "token-mean") for i in range(2)) / 2
+    assert one_by_one.item() == pytest.approx(per_seq)
+    # without dual clip the (0,2) token keeps its unbounded loss 4
+    plain, _, none = clipped_surrogate(new, old, adv, clip_low=0.2, clip_high=0.28)
+    assert plain[0, 2].item() == pytest.approx(4.0) and not none.any()
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip"):
+        clipped_surrogate(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), clip_low=0.2, clip_high=0.2, dual_clip=1.0
+        )
+
+
+def test_drgrpo_entropy_and_policy_terms_share_the_scale():
+    # Dr.GRPO (TRL dr_grpo): the token sum divided by rows x max_completion_length. With every per-token policy
+    # loss and entropy equal to 1, the two terms must be equal; TRL's entropy (a per-token mean) would be 1 here
+    # while the policy term is L / max_completion_length.
+    B, T, L = 3, 40, 7
+    mask = torch.zeros(B, T)
+    mask[:, :L] = 1
+    adv = -torch.ones(B)  # ratio 1: per-token loss -A = 1
+    res = policy_loss(
+        torch.zeros(B, T),
+        torch.zeros(B, T),
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        agg="seq-mean-token-sum-norm",
+        entropies=torch.ones(B, T),
+        entropy_coef=0.5,
+        norm_length=3200,
+    )
+    assert res.policy.item() == pytest.approx(L / 3200)
+    assert res.entropy.item() == pytest.approx(res.policy.item())
+    assert res.total.item() == pytest.approx(res.policy.item() * (1 - 0.5))
+
+
+def test_unknown_aggregation_and_missing_norm_length_raise():
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        aggregate(torch.ones(1, 1), torch.ones(1, 1), "token-sum")
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate(torch.ones(1, 1), torch.ones(1, 1), "seq-mean-token-sum-norm")
+
+
+# ------------------------------------------------------------------------------------------ batch helpers
+def _batch(n=4, c=5):
+    return {
+        "prompt_ids": torch.arange(n * 3).view(n, 3),
+        "prompt_mask": torch.ones(n, 3, dtype=torch.long),
+        "completion_ids": torch.arange(n * c).view(n, c),
+        "completion_mask": torch.ones(n, c, dtype=torch.long),
+        "advantages": torch.arange(1, n + 1, dtype=torch.float),
+        "num_items_in_batch": torch.tensor(n * c),
+    }
+
+
+def test_select_rows_copy_pads_with_real_copies_of_kept_rows():
+    g = torch.Generator().manual_seed(0)
+    out, copies = select_rows_copy(_batch(), torch.tensor([False, True, True, False]), 4, g)
+    assert copies == 2 and out["completion_ids"].shape[0] == 4
+    assert out["advantages"][:2].tolist() == [2.0, 3.0]
+    assert sorted(out["advantages"][2:].tolist()) == [2.0, 3.0]  # without replacement while possible
+    assert loss_mask(out).all()  # copies count in the loss, as RAGEN's
+    out, copies = select_rows_copy(_batch(), torch.tensor([True, False, False, False]), 3, g)
+    assert out["advantages"].tolist() == [1.0, 1.0, 1.0]
+    nothing, pad = select_rows_copy(_batch(), torch.zeros(4, dtype=torch.bool), 2, g)
+    assert pad == 2 and not loss_mask(nothing).any()  # nothing kept: masked padding
+    with pytest.raises(ValueError, match="below"):
+        select_rows_copy(_batch(), torch.ones(4, dtype=torch.bool), 2, g)
+
+
+def test_split_micro_batches_fills_the_rest_with_empty_ones():
+    chunks, real = split_micro_batches(_batch(4), 2, 4)
+    assert real == 2 and len(chunks) == 4
+    assert chunks[1]["advantages"].tolist() == [3.0, 4.0]
+    e = chunks[3]
+    assert e["completion_ids"].shape == (1, 1) and e["prompt_ids"].shape == (1, 1)
+    assert not loss_mask(e).any() and e["advantages"].abs().sum() == 0
+    assert empty_micro_batch(_batch())["num_items_in_batch"] == 20
+    with pytest.raises(ValueError):
+        split_micro_batches(_batch(4), 3, 4)
+    with pytest.raises(ValueError):
+        split_micro_batches(_batch(4), 1, 2)
+
+
+# ------------------------------------------------------------------------------------------ early stops
+class _Control:
+    should_training_stop = False
+
+
+class _State:
+    global_step = 7
+
+
+def test_reward_std_collapse_stop_follows_ragens_rule():
+    from llm_gym.trainer.callbacks import RewardStdCollapseCallback
+    from llm_gym.trainer.signals import SignalState
+
+    st = SignalState()
+    cb = RewardStdCollapseCallback(st, 0.1, 3)
+    ctrl = _Control()
+
+    def round_(std, skip=False):
+        st.rounds += 1
+        st.skip = skip
+        st.last = {"snr/group_std_before": std}
+        cb.on_step_end(None, _State(), ctrl)
+
+    for v in (1.0, 2.0, 3.0):  # baseline 2.0
+        round_(v)
+    round_(0.1)
+    round_(0.0, skip=True)  # an empty round does not count
+    round_(0.1)
+    assert not ctrl.should_training_stop
+    round_(0.25)  # not below 0.2: the window of three is not all low
+    round_(0.1)
+    round_(0.1)
+    assert not ctrl.should_training_stop
+    round_(0.1)
+    assert ctrl.should_training_stop and "collapsed" in st.stop_reason
+
+
+def test_low_validation_success_stop():
+    from llm_gym.trainer.callbacks import LowSuccessStopCallback
+    from llm_gym.trainer.signals import SignalState
+
+    st = SignalState()
+    cb = LowSuccessStopCallback(st, 0.01, 2)
+    ctrl = _Control()
+    cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
+    cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.5})
+    cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.005})
+    assert not ctrl.should_training_stop
+    cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
+    assert ctrl.should_training_stop
+
+
+# ------------------------------------------------------------------------------------------ chat style
+def test_ragen_chat_style_puts_think_in_the_prompt_not_in_the_trained_tokens():
+    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
+
+    from llm_gym.agent.chat import ChatFormat
+    from tests._tiny import build_tiny_tokenizer
+
+    template = ChatTemplateTokens(build_tiny_tokenizer("chatml"))
+    reply = "reason</think><answer>Right</answer>"
+
+    def generate(contexts, budgets):
+        ids = template.encode(reply) + [template.end_of_turn_id]
+        return [ids for _ in contexts], [[-0.5] * len(ids) for _ in contexts]
+
+    chat = ChatFormat(style="ragen")
+    (e,) = play_token_episodes(
+        "llmgym/FrozenLakeDeterministic-v0",
+        [0],
+        generate,
+        template,
+        max_new_tokens=64,
+        max_completion_length=4000,
+        env_kwargs={"max_turns": 2, "parse_mode": "ragen"},
+        chat=chat,
+    )
+    prefix = template.encode("<think>")
+    assert e.prompt_ids[-len(prefix) :] == prefix  # first turn: the prefix ends the prompt
+    assert e.record.turns[0].response == "<think>" + reply  # the env parses RAGEN's full reply
+    assert e.record.turns[0].info["action_is_valid"]
+    # later turns: the prefix closes the untrained between-turn tokens, the reply tokens are trained
+    (s, t) = e.turn_spans[1]
+    assert e.completion_ids[s - len(prefix) : s] == prefix
+    assert all(m == 0 for m in e.env_mask[s - len(prefix) : s]) and all(m == 1 for m in e.env_mask[s:t])
+    model_ids = [i for i, m in zip(e.completion_ids, e.env_mask) if m]
+    assert model_ids == (template.encode(reply) + [template.end_of_turn_id]) * len(e.record.turns)
+    # the rendered conversation is the token sequence (the history holds the full reply)
+    rendered = template.encode(template.render(e.conv.messages(window=None), add_generation_prompt=False))
+    ours = e.prompt_ids + e.completion_ids
+    assert rendered[: len(ours)] == ours
+
+
+# ------------------------------------------------------------------------------------------ the profile
+def _resolve(*argv):
+    from llm_gym.trainer.cli import resolve_config
+
+    return resolve_config(list(argv), gpu=True, log=lambda *_: None, dry_run=True)
+
+
+RAGEN2_EXPECTED = {
+    "learning_rate": 1e-6,
+    "weight_decay": 0.01,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "beta": 0.0,
+    "entropy_coef": 0.001,
+    "epsilon": 0.2,
+    "epsilon_high": 0.28,
+    "dual_clip": 3.0,
+    "loss_agg_mode": "seq-mean-token-mean",
+    "num_prompts": 8,
+    "num_generations": 16,
+    "max_steps": 1600,
+    "eval_seed": 123,
+    "num_eval_seeds": 512,
+    "eval_temperature": 0.5,
+    "eval_steps": 40,
+    "filter_strategy": "softmax_top_p",
+    "filter_metric": "std",
+    "filter_include_zero": True,
+    "filter_value": 0.9,
+    "filter_update_steps": "proportional",
+    "advantages_after_filter": True,
+    "filter_empty_stop_steps": 5,
+    "early_stop_reward_std_ratio": 0.1,
+    "early_stop_min_success": 0.01,
+    "critic_model": "separate",
+    "value_lr": 1e-5,
+    "critic_weight_decay": 0.01,
+    "value_clip": 0.5,
+    "gae_gamma": 1.0,
+    "gae_lambda": 1.0,
+    "chat_style": "ragen",
+    "group_dynamics": "independent",
+    "max_turns": 5,
+    "max_actions_per_turn": 2,
+    "max_actions": 10,
+    "think": True,
+    "train_seed": 10000,
+    "temperature": 1.0,
+    "max_new_tokens": 400,
+}
+
+
+def test_ragen2_profile_sets_the_protocol():
+    config, meta = _resolve("--env", "Sokoban", "--profile", "ragen2")
+    assert meta["model"] == "Qwen/Qwen2.5-3B" and meta["algo"] == "ppo"
+    for key, value in RAGEN2_EXPECTED.items():
+        assert getattr(config, key) == value, key
+    assert (
+        config.per_device_train_batch_size * config.gradient_accumulation_steps == 32
+    )  # ppo_mini_batch_size
+    assert config.env_kwargs == {
+        "generator": "ragen",
+        "search_depth": 300,
+        "observation_format": "grid_coord",
+        "observation_style": "ragen",
+        "parse_mode": "ragen",
+    }
+    assert meta["merged"]["bf16"] is True  # the GPU setting, although this machine builds the config on CPU
+
+
+def test_ragen2_rows_per_algorithm_and_no_filter_twin():
+    config, _ = _resolve("--env", "FrozenLake", "--profile", "ragen2", "--algo", "drgrpo")
+    assert config.loss_agg_mode == "seq-mean-token-sum" and config.scale_rewards == "none"
+    assert config.loss_type == "dr_grpo" and config.env_kwargs["success_rate"] == 1.0
+    config, _ = _resolve(
+        "--env", "Countdown", "--profile", "ragen2", "--algo", "grpo", "--filter_value", "1.0"
+    )
+    assert config.scale_rewards == "group" and config.max_turns == 1
+    assert config.env_kwargs == {"dataset": "ragen", "parse_mode": "ragen"}
+    # the no-filter twin keeps every group, as RAGEN's top_p >= 1
+    d = decide(
+        np.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), 2, strategy="softmax_top_p", value=1.0, include_zero=True
+    )
+    assert d.keep_groups.all()
+    config, _ = _resolve("--env", "MetaMathQA", "--profile", "ragen2")
+    assert config.env_kwargs == {"strict": True} and config.max_turns == 5
+
+
+def test_ragen2_refuses_an_environment_it_does_not_cover():
+    from llm_gym.trainer.cli import ConfigError
+
+    with pytest.raises(ConfigError, match="ragen2"):
+        _resolve("--env", "Bandit", "--profile", "ragen2")
+
+
+def test_recommended_profile_is_unchanged_by_ragen2():
+    config, meta = _resolve("--env", "Sokoban")
+    assert meta["model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["algo"] == "grpo"
+    assert config.loss_agg_mode is None and config.dual_clip is None and config.critic_model == "head"
+    assert config.filter_strategy == "top_p" and config.filter_update_steps == "fixed"
+
+
+# ------------------------------------------------------------------------------------------ --dry_run
+def test_dry_run_prints_table_sources_and_memory_on_qwen_3b_config(capsys):
+    from llm_gym.trainer.cli import main
+
+    code = main(
+        [
+            "--env",
+            "Sokoban",
+            "--profile",
+            "ragen2",
+            "--dry_run",
+            "--learning_rate",
+            "2e-6",
+            "--gpu_memory_gib",
+            "141",
+            "--model_config",
+            str(QWEN_3B_CONFIG),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert "profile ragen2" in rows["dual_clip"] and "dp_actor.py:420" in rows["dual_clip"]
+    assert "flag" in rows["learning_rate"] and "2e-06" in rows["learning_rate"]
+    assert "preset (--algo ppo)" in rows["loss_type"]
+    assert "sh:10,72" in rows["model"]
+    assert "3.09B parameters" in out  # Qwen2.5-3B: 3,085,938,688 parameters (tied embeddings)
+    assert "fits a 141 GiB GPU" in out and "does NOT" not in out
+
+
+def test_dry_run_memory_with_fsdp_and_a_small_gpu():
+    from llm_gym.trainer.dry_run import memory_report
+
+    config, meta = _resolve("--env", "Sokoban", "--profile", "ragen2")
+    meta.update(model_config=str(QWEN_3B_CONFIG), gpu_memory_gib=24.0)
+    single, fits_single = memory_report(config, meta)
+    meta["accelerate_config"] = str(
+        Path(__file__).parents[1] / "trainer" / "accelerate_configs" / "fsdp.yaml"
+    )
+    sharded, _ = memory_report(config, meta)
+    assert fits_single is False and "does NOT fit a 24 GiB GPU" in single
+    assert "fsdp x 8" in sharded
+
+    def total(text):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("total")))
+
+    assert total(sharded) < total(single)
+    meta.update(accelerate_config=None, model_config=None)
+    text, ok = memory_report(config, {**meta, "model": "no-such-owner/no-such-model"})
+    assert ok is None and "--model_config" in text
+
+
+def test_dry_run_loads_no_weights(monkeypatch, capsys):
+    import transformers
+
+    def boom(*a, **k):
+        raise AssertionError("dry run loaded a model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    from llm_gym.trainer.cli import main
+
+    assert (
+        main(
+            ["--env", "FrozenLake", "--profile", "ragen2", "--dry_run", "--model_config", str(QWEN_3B_CONFIG)]
+        )
+        == 0
+    )
+    assert "critic" in capsys.readouterr().out
+
+
+def test_config_rejects_bad_protocol_options(tmp_path):
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+
+    base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ValueError, match="dual_clip"):
+        LLMGymGRPOConfig(**base, dual_clip=0.5)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        LLMGymGRPOConfig(**base, loss_agg_mode="sum")
+    with pytest.raises(ValueError, match="proportional"):
+        LLMGymGRPOConfig(**base, filter_update_steps="proportional", filter_drop="mask")
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        LLMGymGRPOConfig(**base, dual_clip=3.0, top_entropy_quantile=0.5)
+    with pytest.raises(ValueError, match="critic_model"):
+        LLMGymGRPOConfig(**base, critic_model="twin")
+
+
+# ------------------------------------------------------------------------------------------ trainer wiring
+def _grpo_trainer(tiny_dir, out_dir, reward_funcs=None, **overrides):
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
+    kwargs = dict(
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=2,
+        num_prompts=2,
+        num_generations=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=48,
+        max_new_tokens=6,
+        max_turns=1,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        learning_rate=1e-2,
+        seed=0,
+        disable_tqdm=True,
+        env="FrozenLake",
+        num_eval_seeds=0,
+        episode_records="",
+        mi_every=0,
+        beta=0.0,
+    )
+    kwargs.update(overrides)
+    return LLMGymGRPOTrainer(
+        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, reward_funcs=reward_funcs
+    )
+
+
+def _group0_signal(completions, **_):
+    """Rewards 1, 0 for group 0 and 0, 0 for group 1 (rows are group-contiguous)."""
+    return [1.0 if i % 4 == 0 else 0.0 for i in range(len(completions))]
+
+
+def test_proportional_mode_takes_fewer_optimizer_steps_and_skips_the_rest(tiny_dir, tmp_path):
+    tr = _grpo_trainer(
+        tiny_dir,
+        tmp_path,
+        reward_funcs=[_group0_signal],
+        filter_strategy="top_p",
+        filter_update_steps="proportional",
+        max_steps=2,
+    )
+    assert tr.args.steps_per_generation == 2  # one round = two optimizer steps of 2 rows
+    before: dict[int, dict[str, torch.Tensor]] = {}
+
+    from transformers import TrainerCallback
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            before[state.global_step] = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+
+    tr.add_callback(Watch())
+    p0 = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.train()
+    log = tr.state.log_history[0]
+    assert log["snr/kept_groups"] == 1 and log["snr/update_steps"] == 1
+    # step 1 trained on group 0; step 2 had no rows: weights and optimizer state untouched
+    assert any(not torch.equal(before[1][n], p0[n]) for n in p0)
+    assert all(torch.equal(before[2][n], before[1][n]) for n in p0)
+    assert tr.signal_state.skipped_steps == 1
+
+
+def test_trainer_loss_with_drgrpo_aggregation_scales_entropy_like_policy(tiny_dir, tmp_path):
+    tr = _grpo_trainer(
+        tiny_dir, tmp_path, loss_type="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm", entropy_coef=0.1
+    )
+    tr.current_gradient_accumulation_steps = 1
+    tr.model.train()
+    b = _batch(2, 5)
+    b["completion_mask"][1, 3:] = 0
+    b["advantages"] = torch.zeros(2)  # only the entropy term remains
+    loss = tr.compute_loss(tr.model, b)
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    attn = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    with torch.no_grad():
+        _, ent, _ = tr._get_per_token_logps_and_entropies(tr.model, ids, attn, 5, compute_entropy=True)
+    mask = b["completion_mask"].float()
+    expected = -0.1 * (ent * mask).sum() / (2 * tr.args.max_completion_length)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_ppo_advantages_after_filter_are_whitened_over_kept_rows(tiny_dir, tmp_path):
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(
+        tiny_dir,
+        tmp_path,
+        filter_strategy="top_p",
+        filter_include_zero=False,
+        advantages_after_filter=True,
+        per_device_train_batch_size=2,
+        num_prompts=2,
+        max_steps=1,
+        trainer_kwargs={"reward_funcs": [_group0_signal]},
+    )
+    captured = {}
+    orig = tr.compute_advantages
+
+    def spy(batch, rewards):
+        out = orig(batch, rewards)
+        captured["adv"], captured["mask"] = out["advantages"].clone(), loss_mask(out).clone()
+        captured["rows"] = out["completion_ids"].shape[0]
+        return out
+
+    tr.compute_advantages = spy
+    tr.train()
+    assert captured["rows"] == 2  # the kept group only
+    m = captured["mask"].bool()
+    assert captured["adv"][m].mean().abs().item() < 1e-5  # whitened over what the loss sees
+
+
+def test_separate_critic_trains_saves_and_keeps_out_of_policy_weights(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(tiny_dir, tmp_path, critic_model="separate", critic_weight_decay=0.01, max_steps=1)
+    critic0 = {n: p.detach().clone() for n, p in tr.critic.named_parameters()}
+    # a full copy of the backbone, not shared with the policy
+    policy_ids = {id(p) for n, p in tr.model.named_parameters() if not n.startswith("critic.")}
+    assert not policy_ids & {id(p) for p in tr.critic.parameters()}
+    tr.train()
+    group = [g for g in tr.optimizer.param_groups if any(p is tr.value_head.weight for p in g["params"])][0]
+    assert group["weight_decay"] == 0.01 and group["initial_lr"] == tr.args.value_lr
+    assert len(group["params"]) == len(critic0)
+    assert any(not torch.equal(p, critic0[n]) for n, p in tr.critic.named_parameters())
+    tr.save_model(str(tmp_path / "final"))
+    files = os.listdir(tmp_path / "final")
+    assert "critic.safetensors" in files
+    weights = load_file(str(tmp_path / "final" / "model.safetensors"))
+    assert not any(k.startswith("critic.") for k in weights)
+    saved = load_file(str(tmp_path / "final" / "critic.safetensors"))
+    assert set(saved) == set(tr.critic.state_dict())
+
+
+# ------------------------------------------------------------------------------------------ slow: Qwen2.5-3B shape
+@pytest.mark.slow
+def test_one_ragen2_sokoban_step_on_a_two_layer_qwen_3b_shaped_model(tmp_path):
+    """One real update of the ragen2 Sokoban profile (PPO, separate critic, dual-clip, per-sequence aggregation,
+    softmax/std filter, proportional steps, RAGEN chat) on a random model of Qwen2.5-3B's shape but 2 layers:
+    hidden 2048, 16 heads, 2 KV heads, intermediate 11008, vocabulary 151936. The tokenizer is the tiny test
+    tokenizer (a few hundred ids): the embedding keeps Qwen's 151936 rows, so every shape but depth is Qwen's.
+
+    The weights are bfloat16 so that actor, critic, gradients and AdamW state (about 7.5 GB; 15 GB in float32)
+    fit a 16 GB CI machine; the learning rates are raised to 1e-3 so that one update is visible in bfloat16.
+    Every other setting is the profile's GPU setting (``dry_run=True`` only builds the config object for CPU)."""
+    from llm_gym.trainer.algorithms import trainer_class
+    from llm_gym.trainer.cli import resolve_config
+    from llm_gym.trainer.models import load_model_and_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests._tiny import build_tiny_tokenizer
+
+    cfg = json.loads(QWEN_3B_CONFIG.read_text())
+    cfg.update(num_hidden_layers=2, max_window_layers=2, torch_dtype="bfloat16")
+    tok = build_tiny_tokenizer("chatml")
+    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    config = AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    folder = tmp_path / "qwen3b-2layer"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    del model
+    args, meta = resolve_config(
+        [
+            "--env",
+            "Sokoban",
+            "--profile",
+            "ragen2",
+            "--model",
+            str(folder),
+            "-o",
+            str(tmp_path / "run"),
+            # CPU-sized lengths and batch: 1 group x 2 rollouts, 1 turn of 4 tokens, one optimizer step
+            "--set",
+            "num_prompts=1",
+            "--set",
+            "num_generations=2",
+            "--set",
+            "per_device_train_batch_size=1",
+            "--set",
+            "gradient_accumulation_steps=2",
+            "--set",
+            "max_steps=1",
+            "--set",
+            "max_turns=1",
+            "--set",
+            "max_new_tokens=4",
+            "--set",
+            "max_completion_length=16",
+            "--set",
+            "num_eval_seeds=0",
+            "--set",
+            "mi_every=0",
+            "--set",
+            "save_strategy=no",
+            "--set",
+            "gradient_checkpointing=false",
+            "--set",
+            "eval_strategy=no",
+            "--set",
+            "learning_rate=1e-3",
+            "--set",
+            "value_lr=1e-3",
+        ],
+        gpu=True,
+        dry_run=True,
+        log=lambda *_: None,
+    )
+    assert args.use_cpu and args.think and args.temperature == 1.0
+    for key in (
+        "dual_clip",
+        "loss_agg_mode",
+        "critic_model",
+        "filter_strategy",
+        "chat_style",
+        "filter_update_steps",
+    ):
+        assert getattr(args, key) == RAGEN2_EXPECTED[key], key
+    model, tok = load_model_and_tokenizer(str(folder), dtype="bfloat16")
+    assert model.config.vocab_size == 151936 and model.get_input_embeddings().weight.shape == (151936, 2048)
+    tr = trainer_class(meta["algo"])(model=model, args=args, processing_class=tok)
+    assert tr.critic is not None
+    policy0 = tr.model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    critic0 = tr.critic.body.layers[0].mlp.down_proj.weight.detach().clone()
+    tr.train()
+    assert tr.state.global_step == 1
+    log = tr.state.log_history[0]
+    assert "ppo/value_loss" in log and "snr/kept_frac" in log and "clip_ratio/dual_mean" in log
+    assert math.isfinite(log["loss"])
+    assert tr.last_rollout.records[0].turns[0].response.startswith("<think>")
+    assert not torch.equal(tr.model.model.layers[0].mlp.down_proj.weight, policy0)
+    assert not torch.equal(tr.critic.body.layers[0].mlp.down_proj.weight, critic0)

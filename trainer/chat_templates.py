@@ -1,0 +1,218 @@
+"""Chat templates for token-exact multi-turn training: check one, and swap in TRL's training variant if needed.
+
+Our rollouts never re-tokenise the history: the tokens between two model turns are the *difference* between the
+template rendered with ``k`` and ``k + 1`` turns (:class:`~llm_gym.trainer.rollouts.ChatTemplateTokens`). That
+needs a template that leaves earlier text unchanged when a turn is added. Thinking templates such as Qwen3's
+drop the reasoning of earlier assistant turns once a new user turn follows, so they fail that check.
+
+TRL 1.16 ships *training variants* of such templates (``trl/chat_templates/*_training.jinja``, found by
+``trl.chat_template_utils.get_training_chat_template``), which always render the reasoning. When the model's own
+template fails, :func:`training_template_tokens` uses TRL's variant for the training and in-training evaluation
+rollouts and says so in the log; only a template without a working variant stops training. The tokenizer itself
+is left unchanged, so the saved model keeps its own template for inference (``llmgym-eval``).
+
+``llmgym check-template MODEL`` prints :func:`check_template`'s report.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_gym.trainer.rollouts import ChatTemplateError, ChatTemplateTokens
+
+logger = logging.getLogger(__name__)
+
+_PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+
+def trl_training_template(tokenizer: Any) -> str | None:
+    """TRL's training variant of the tokenizer's chat template, or None when TRL has none (or would not change
+    it). Never raises for an unknown template: TRL recognises templates by their exact text."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+
+        variant = get_training_chat_template(tokenizer)
+    except ImportError:  # pragma: no cover - TRL is a dependency of the trainer
+        return None
+    except Exception as e:  # noqa: BLE001 - TRL raises ValueError for unknown templates; a template may fail to render
+        logger.debug("no TRL training variant: %s", e)
+        return None
+    current = tokenizer.chat_template
+    if isinstance(current, dict):
+        current = current.get("default")
+    return variant if isinstance(variant, str) and variant != current else None
+
+
+def variant_name(template: str) -> str:
+    """The file name of a TRL training template (e.g. ``qwen3_training.jinja``), or a generic label."""
+    try:
+        import trl
+
+        folder = Path(trl.__file__).parent / "chat_templates"
+        for path in sorted(folder.glob("*_training.jinja")):
+            if path.read_text(encoding="utf-8") == template:
+                return f"TRL's {path.name}"
+    except (ImportError, OSError):  # pragma: no cover
+        pass
+    return "TRL's training variant"
+
+
+def training_template_tokens(tokenizer: Any, *, log: Any = None) -> ChatTemplateTokens:
+    """The :class:`ChatTemplateTokens` used by training rollouts: the tokenizer's template when it works, else
+    TRL's training variant of it (logged through ``log``, default a logger warning). Raises
+    :class:`ChatTemplateError` when neither works, saying why and what to do."""
+    try:
+        return ChatTemplateTokens(tokenizer)
+    except ChatTemplateError as original:
+        variant = trl_training_template(tokenizer)
+        if variant is None:
+            raise ChatTemplateError(
+                f"{original} TRL has no training variant of this template; `llmgym check-template MODEL` explains "
+                "the checks"
+            ) from None
+        try:
+            tokens = ChatTemplateTokens(tokenizer, chat_template=variant)
+        except ChatTemplateError as e:
+            raise ChatTemplateError(f"{original} {variant_name(variant)} does not work either: {e}") from None
+        message = (
+            f"the model's chat template cannot be used for token-exact multi-turn training ({original}); "
+            f"training and in-training evaluation rollouts use {variant_name(variant)} instead (it renders "
+            "earlier turns unchanged). The saved tokenizer keeps the model's own template."
+        )
+        (log or logger.warning)(message)
+        return tokens
+
+
+@dataclass
+class TemplateCheck:
+    """What :func:`check_template` found; ``ok`` means ``llmgym-train`` can train with it."""
+
+    has_template: bool
+    #: The template as is: adding a turn leaves earlier text unchanged (None: not checked).
+    prefix_preserving: bool | None = None
+    #: The generation prompt is a plain prefix of a rendered assistant turn (informational: handled either way).
+    generation_prompt_prefix: bool | None = None
+    end_of_turn: str | None = None
+    #: Why the template as is cannot be used (None: it can).
+    error: str | None = None
+    #: Name of TRL's training variant, if TRL has one for this template.
+    variant: str | None = None
+    #: Why the variant cannot be used either (None: it can, or there is none).
+    variant_error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def uses_variant(self) -> bool:
+        return self.error is not None and self.variant is not None and self.variant_error is None
+
+    @property
+    def ok(self) -> bool:
+        return self.has_template and (self.error is None or self.uses_variant)
+
+    def lines(self) -> list[str]:
+        """A human-readable report, one check per line, ending with the verdict."""
+
+        def yn(value: bool | None) -> str:
+            return "not checked" if value is None else ("yes" if value else "no")
+
+        out = [f"chat template present: {yn(self.has_template)}"]
+        if self.has_template:
+            out.append(f"end-of-turn token after an assistant message: {self.end_of_turn or 'not found'}")
+            out.append(
+                "prefix-preserving (adding a turn leaves earlier text unchanged): "
+                + yn(self.prefix_preserving)
+                + (f" - {self.error}" if self.error else "")
+            )
+            out.append(
+                "generation prompt is a prefix of the rendered assistant turn: "
+                + yn(self.generation_prompt_prefix)
+                + (
+                    " (fine: the tokens between turns are taken as a difference)"
+                    if self.generation_prompt_prefix is False
+                    else ""
+                )
+            )
+            if self.variant:
+                if self.error is None:
+                    status = "not needed: the model's own template works"
+                else:
+                    status = "works" if self.variant_error is None else f"does not work: {self.variant_error}"
+                out.append(f"TRL training variant: {self.variant} ({status})")
+            else:
+                out.append("TRL training variant: none for this template")
+        out.extend(self.notes)
+        if not self.has_template:
+            verdict = "NOT USABLE: no chat template (use an instruct model or pass --chat_template FILE)"
+        elif self.error is None:
+            verdict = "OK: token-exact multi-turn training works with the model's own template"
+        elif self.uses_variant:
+            verdict = (
+                f"OK with {self.variant}: llmgym-train swaps it in for training rollouts (and says so in the log); "
+                "the saved tokenizer keeps the model's own template"
+            )
+        else:
+            verdict = (
+                "NOT USABLE for token-exact multi-turn training: pass --chat_template FILE with a template that "
+                "leaves earlier turns unchanged"
+            )
+        out.append(f"verdict: {verdict}")
+        return out
+
+
+def _fill(check: TemplateCheck, tokens: ChatTemplateTokens) -> None:
+    check.end_of_turn = tokens.end_of_turn_text
+    check.generation_prompt_prefix = tokens.prefix_preserving
+
+
+def check_template(tokenizer: Any) -> TemplateCheck:
+    """Check the tokenizer's chat template for token-exact multi-turn training, and TRL's variant if it fails."""
+    if not getattr(tokenizer, "chat_template", None):
+        return TemplateCheck(has_template=False)
+    check = TemplateCheck(has_template=True)
+    try:
+        _fill(check, ChatTemplateTokens(tokenizer))
+        check.prefix_preserving = True
+    except ChatTemplateError as e:
+        check.error = str(e)
+        check.prefix_preserving = False if "prefix-preserving" in check.error else None
+        if check.end_of_turn is None:
+            _probe_details(check, tokenizer)
+    variant = trl_training_template(tokenizer)
+    if variant is not None:
+        check.variant = variant_name(variant)
+        if check.error is not None:
+            try:
+                ChatTemplateTokens(tokenizer, chat_template=variant)
+            except ChatTemplateError as e:
+                check.variant_error = str(e)
+    return check
+
+
+def _probe_details(check: TemplateCheck, tokenizer: Any) -> None:
+    """Best-effort end-of-turn token and generation-prompt check for a template that failed the full check."""
+    try:
+        prompt = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(
+            [*_PROBE, {"role": "assistant", "content": "A"}], tokenize=False, add_generation_prompt=False
+        )
+    except Exception:  # noqa: BLE001 - a broken template: the error already says why
+        return
+    check.generation_prompt_prefix = full.startswith(prompt)
+    tail = full[full.rfind("A") + 1 :]
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+    if ids and ids[0] in set(tokenizer.all_special_ids):
+        check.end_of_turn = tokenizer.convert_ids_to_tokens(ids[0])
+
+
+__all__ = [
+    "TemplateCheck",
+    "check_template",
+    "training_template_tokens",
+    "trl_training_template",
+    "variant_name",
+]
