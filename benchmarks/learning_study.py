@@ -14,9 +14,14 @@ generation budget: P seeds x G rollouts per step, every step) and each training 
 Writes ``learning_study.json`` (results), ``learning_study.png`` (curves with the baseline band) and a markdown
 table (``learning_study.md``), and prints for each run the after/baseline success ratio.
 
-    OMP_NUM_THREADS=1 python benchmarks/learning_study.py                     # SmolLM2-135M, CPU budget
     OMP_NUM_THREADS=1 python benchmarks/learning_study.py --quick             # tiny random model, seconds
-    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs Bandit --max-steps 20 --train-seeds 0 1 2
+    # what docs/learning-study.md reports (one invocation per environment, then merged):
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs Bandit --max-steps 5 --out-dir /tmp/b
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs FrozenLake --max-steps 5 --num-eval-seeds 32 \
+        --out-dir /tmp/f
+    python benchmarks/learning_study.py --merge /tmp/b/learning_study.json /tmp/f/learning_study.json
+
+``--work-dir`` keeps the runs (records, final models); by default they go to a temporary folder.
 """
 
 from __future__ import annotations
@@ -275,9 +280,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, len(envs), figsize=(5.5 * len(envs), 6.5), squeeze=False)
     colors = {"no_filter": "tab:blue", "snr_top_p_0.9": "tab:orange"}
 
-    def dot(ax: Any, x: float, s: dict[str, Any], color: str) -> None:
+    def dot(ax: Any, x: float, s: dict[str, Any], color: str, label: str | None = None) -> None:
         err = [[s["rate"] - s["ci"][0]], [s["ci"][1] - s["rate"]]]
-        ax.errorbar([x], [s["rate"]], yerr=err, fmt="o", ms=4, color=color, capsize=2)
+        ax.errorbar([x], [s["rate"]], yerr=err, fmt="o", ms=4, color=color, capsize=2, label=label)
 
     for j, env_name in enumerate(envs):
         env = results["envs"][env_name]
@@ -288,7 +293,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 lo, hi = env["baseline"]["random"]["ci"]
                 ax.axhspan(lo, hi, color="grey", alpha=0.25, label="random valid actions (95% CI)")
             if env.get("untrained"):
-                dot(ax, -0.3, env["untrained"][key], "black")
+                dot(ax, -0.3, env["untrained"][key], "black", "untrained model (held-out)")
             for k, r in enumerate(env["runs"]):
                 c = colors.get(r["condition"], "tab:green")
                 ax.plot(

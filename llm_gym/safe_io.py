@@ -140,12 +140,18 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, encoding: str = "ut
 def append_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -> None:
     """Append ``text`` to ``path`` (created with its parent folders if missing). If the write fails (a full
     disk), the file is cut back to its previous size before the error is raised: an error never leaves a
-    torn line."""
+    torn line. A file whose last byte is not a newline (a complete last line written without one) gets one
+    first, so the appended text never joins the previous line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode(encoding)
-    with open(path, "ab") as f:
+    with open(path, "ab+") as f:
         start = f.seek(0, os.SEEK_END)
+        if start > 0 and data and not data.startswith(b"\n"):
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+            f.seek(0, os.SEEK_END)
         try:
             f.write(data)
             f.flush()

@@ -253,6 +253,36 @@ def test_help_lists_fields_with_their_help(capsys):
     assert "-o OUTPUT_DIR" in out and "exit codes: 0 success, 1 runtime" in out
 
 
+def test_help_hides_dashed_aliases_and_negated_flags_say_what_they_do(capsys):
+    import re
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert not re.findall(r"--[a-z0-9]+-[a-z0-9-]+", out)  # no --x-y spelling is listed
+    block = out[out.index("  --no_whiten_advantages") :].split("\n  --", 1)[0]
+    assert "Set whiten_advantages to False" in block and "Whiten the token-level" not in block
+    # the hidden spellings still parse, and --no_X still turns X off
+    cfg, _ = resolve_config(
+        ["--env", "Bandit", "--max-new-tokens", "7", "--no_whiten_advantages"], gpu=False, log=lambda *_: None
+    )
+    assert cfg.max_new_tokens == 7 and cfg.whiten_advantages is False
+    cfg, _ = resolve_config(["--env", "Bandit"], gpu=False, log=lambda *_: None)
+    assert cfg.whiten_advantages is True
+
+
+@pytest.mark.parametrize("extra", [["--max_steps", "-3"], ["--max_steps", "0"], ["--max_steps", "-1"]])
+def test_a_run_without_a_step_count_or_epochs_is_a_usage_error(extra, capsys, no_model_load):
+    assert main(["--env", "Bandit", *extra]) == 2
+    assert "max_steps" in capsys.readouterr().err
+
+
+def test_epochs_without_max_steps_are_accepted():
+    cfg, _ = resolve_config(
+        ["--env", "Bandit", "--max_steps", "-1", "--num_train_epochs", "1"], gpu=False, log=lambda *_: None
+    )
+    assert cfg.max_steps == -1 and cfg.num_train_epochs == 1
+
+
 def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):
     out = tmp_path / "run"
     common = [

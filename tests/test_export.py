@@ -204,3 +204,10 @@ def test_replay_check_compares_every_message_exactly():
     fmt = ChatFormat(show_budget=False)
     other = export_episodes("FrozenLakeDeterministic", [0], chat=fmt).rows
     assert verify_rows(other, chat=fmt) == [] and verify_rows(other) != []
+
+
+def test_export_seeds_follow_the_one_seed_rule():
+    assert export_episodes("Bandit", [2**64 - 1]).rows  # the largest seed records accept
+    for bad in (2**64, -1, True, "3"):
+        with pytest.raises(ValueError, match=r"each seed must be an integer in \[0, 2\*\*64\)"):
+            export_episodes("Bandit", [bad])

@@ -4,7 +4,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llm_gym.trainer.gae import clipped_value_loss, gae, last_token_rewards, masked_whiten, ppo_targets
+from llm_gym.trainer.gae import (
+    clipped_value_loss,
+    gae,
+    last_token_rewards,
+    masked_whiten,
+    moments_mean_std,
+    ppo_targets,
+    whiten_moments,
+)
 
 # Row layout: model, model, env, env, model, pad.  The 9.0 values sit on non-model tokens and must be ignored.
 MASK = torch.tensor([[1, 1, 0, 0, 1, 0]])
@@ -120,6 +128,83 @@ def test_masked_whiten():
     single = masked_whiten(torch.tensor([[5.0, 1.0]]), torch.tensor([[1, 0]]))
     assert torch.equal(single, torch.zeros(1, 2))
     assert torch.equal(masked_whiten(x, torch.zeros_like(mask)), torch.zeros_like(x))
+
+
+def _two_rank_split(x, mask, rows0):
+    """Whiten ``x`` as two processes would: each holds some rows, the moments are summed (an all-reduce)."""
+    parts = [(x[:rows0], mask[:rows0]), (x[rows0:], mask[rows0:])]
+    total = sum(whiten_moments(xi, mi) for xi, mi in parts)
+    return torch.cat([masked_whiten(xi, mi, moments=total) for xi, mi in parts])
+
+
+def test_whitening_with_summed_moments_equals_one_process_whitening():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 6, generator=g) * 3 + 1
+    mask = (torch.rand(8, 6, generator=g) > 0.3).long()
+    mask[5] = 0  # a padding row (multi-process equal-row padding): out of the statistics
+    x[5] = 1e4  # its values must not leak into the mean or the std
+    one = masked_whiten(x, mask)
+    for rows0 in (1, 4, 6):
+        torch.testing.assert_close(_two_rank_split(x, mask, rows0), one, atol=1e-6, rtol=0)
+    # the reviewer's case: rank 0's episodes succeed, rank 1's fail; per-process whitening erases the signal
+    adv = torch.cat([torch.ones(4, 3), -torch.ones(4, 3)])
+    full = torch.ones(8, 3, dtype=torch.long)
+    split = _two_rank_split(adv, full, 4)
+    torch.testing.assert_close(split, masked_whiten(adv, full), atol=1e-6, rtol=0)
+    assert split[:4].mean() > 0.9 and split[4:].mean() < -0.9
+    local = torch.cat([masked_whiten(adv[:4], full[:4]), masked_whiten(adv[4:], full[4:])])
+    assert local.abs().max() == 0  # the per-process bug: every advantage 0
+
+
+def test_whiten_moments_and_their_combination():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 4.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    m = whiten_moments(x, mask)
+    assert m.dtype == torch.float64 and m.tolist() == [4.0, 10.0, 30.0]
+    mean, std = moments_mean_std(m)
+    assert mean == pytest.approx(2.5) and std == pytest.approx(torch.tensor([1.0, 2, 3, 4]).std().item())
+    assert moments_mean_std(torch.tensor([1.0, 5.0, 25.0])) == (5.0, None)  # one entry: no spread
+    assert moments_mean_std(torch.zeros(3)) == (0.0, None)
+    # a shard with no masked entry while others have some: nothing local to whiten
+    assert torch.equal(masked_whiten(x, torch.zeros_like(mask), moments=m), torch.zeros_like(x))
+    for bad in ([-1.0, 0.0, 0.0], [2.0, float("nan"), 1.0], [1.0, 2.0]):
+        with pytest.raises(ValueError, match="moments"):
+            moments_mean_std(torch.tensor(bad))
+
+
+def test_ppo_targets_whiten_over_all_processes_rows():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 5, dtype=torch.long)
+    mask[:, 2] = 0  # an environment token
+    mask[7] = 0  # a padding row
+    values = torch.rand(8, 5, generator=g) * 0.1
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.5, 0.0, float("nan"), 0.0, 0.0])
+    one = ppo_targets(scores, values, mask, gamma=0.9, lam=0.95).advantages
+    halves = [slice(0, 4), slice(4, 8)]
+    # what each process sends into the all-reduce, then the all-reduce itself
+    raw = [ppo_targets(scores[h], values[h], mask[h], whiten=False, gamma=0.9, lam=0.95) for h in halves]
+    sent = [whiten_moments(t.advantages, t.mask) for t in raw]
+    calls = []
+
+    def all_reduce(t):
+        calls.append(t)
+        return sent[0] + sent[1]
+
+    split = torch.cat(
+        [
+            ppo_targets(scores[h], values[h], mask[h], gamma=0.9, lam=0.95, reduce=all_reduce).advantages
+            for h in halves
+        ]
+    )
+    torch.testing.assert_close(split, one, atol=1e-6, rtol=0)
+    assert len(calls) == 2 and all(torch.equal(c, s) for c, s in zip(calls, sent))  # local moments go in
+    assert not torch.allclose(
+        torch.cat(
+            [ppo_targets(scores[h], values[h], mask[h], gamma=0.9, lam=0.95).advantages for h in halves]
+        ),
+        one,
+        atol=1e-3,
+    )
 
 
 def test_clipped_value_loss():

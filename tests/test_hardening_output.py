@@ -114,6 +114,9 @@ class _HalfWriter:
     def truncate(self, size):
         return self.f.truncate(size)
 
+    def read(self, *a):
+        return self.f.read(*a)
+
     def flush(self):
         self.f.flush()
 
@@ -134,6 +137,33 @@ def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(OSError):
         append_text(tmp_path / "episodes.jsonl" / "x", "x\n")
+
+
+def test_append_after_a_complete_last_line_without_newline_starts_a_new_line(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    write_records(path, [_record(0)])
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # killed between the record and its newline
+    write_records(path, [_record(1)])
+    write_records(path, [_record(2)])
+    assert [r.seed for r in read_records(path)] == [0, 1, 2]
+    append_text(tmp_path / "new.txt", "a")  # a fresh file gets no newline of ours
+    assert (tmp_path / "new.txt").read_bytes() == b"a"
+
+
+def test_resume_reconcile_ends_a_complete_last_line_without_newline(tmp_path):
+    from types import SimpleNamespace
+
+    from llm_gym.trainer.output import reconcile_after_resume
+
+    path = tmp_path / "episodes.jsonl"
+    write_records(path, [_record(0), _record(1)])
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    cfg = SimpleNamespace(output_dir=str(tmp_path), episode_records="episodes.jsonl", collapse_report=None)
+    reconcile_after_resume(cfg, 5, log=lambda m: None)  # nothing to drop: the file still gets its newline
+    assert path.read_bytes().endswith(b"}\n")
+    with path.open("ab") as f:  # a plain append (the next run's records) no longer joins two records
+        f.write(path.read_bytes().splitlines(keepends=True)[0])
+    assert [r.seed for r in read_records(path)] == [0, 1, 0]
 
 
 # ------------------------------------------------------------------------------------------ torn last line
@@ -397,7 +427,13 @@ def test_checkpoints_get_a_marker_and_a_cut_file_makes_them_incomplete(trained, 
     assert "optimizer.pt is cut off" in checkpoint_problem(ckpt)
     weights = run / "checkpoint-1" / "model.safetensors"
     (run / "checkpoint-1" / MARKER).unlink()
-    assert checkpoint_problem(run / "checkpoint-1") is None  # complete files, no marker: still complete
+    # our run folder: every checkpoint gets a marker, so complete-looking files without one are a save that did
+    # not finish (another rank's RNG state or optimizer shard may be missing)
+    assert "no llmgym_checkpoint.json" in checkpoint_problem(run / "checkpoint-1")
+    for bookkeeping in (".llmgym.lock", "llmgym_run.json"):
+        (run / bookkeeping).unlink()
+    # another tool's run folder: complete files, no marker: still complete
+    assert checkpoint_problem(run / "checkpoint-1") is None
     weights.write_bytes(weights.read_bytes()[:1000])
     assert "model.safetensors" in checkpoint_problem(run / "checkpoint-1")
     (run / "checkpoint-1" / "trainer_state.json").unlink()
@@ -434,7 +470,8 @@ def test_non_empty_output_needs_resume_or_overwrite(trained, tiny_dir, tmp_path,
     monkeypatch.setattr(train_cli, "run", lambda config, meta: seen.update(meta) or 0)
     assert train_cli.main([*_train_args(tiny_dir, run), "--max_steps", "1", "--overwrite_output_dir"]) == 0
     assert seen["resume"] is None
-    assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]  # only the lock file is left
+    # only the lock file is left, and the new run's settings (llmgym_run.json) are written
+    assert sorted(p.name for p in run.iterdir()) == sorted([LOCK_FILE, "llmgym_run.json"])
     args = [*_train_args(tiny_dir, run), "--resume", "--overwrite_output_dir"]
     assert train_cli.main(args) == 2
 

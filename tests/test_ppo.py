@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 from llm_gym.trainer.algorithms import algorithm_overrides
+from llm_gym.trainer.batch import loss_mask
 from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.models import load_model_and_tokenizer
 from llm_gym.trainer.ppo import (
@@ -110,6 +111,44 @@ def test_ppo_targets_env_tokens_get_zero_advantage(trainer):
     assert torch.allclose(ret, scores[:, None].expand_as(ret) * mask, atol=1e-6)
     raw = (ret - old_v)[mask]
     assert torch.allclose(adv[mask], (raw - raw.mean()) / (raw.std() + 1e-8), atol=1e-4)
+
+
+def _rows(batch, index):
+    n = batch["completion_ids"].shape[0]
+    return {
+        k: v[index] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n else v
+        for k, v in batch.items()
+    }
+
+
+def test_advantages_are_whitened_over_every_process_rows(trainer, monkeypatch):
+    """Two processes simulated by splitting the rows: the all-reduce of the whitening moments (faked here with
+    both processes' sums) makes the split whitening equal the one-process one (veRL whitens the global batch)."""
+    batch = synthetic_batch(trainer, B=8)
+    trainer.model.train()
+    scores = torch.tensor([1.0] * 4 + [0.0] * 4)  # rank 0's seeds succeed, rank 1's fail
+    # rank 1 holds 3 rows plus one row of multi-process equal-row padding (a masked copy, as select_rows pads)
+    ranks = [torch.arange(0, 4), torch.tensor([4, 5, 6, 6])]
+    parts = [_rows(batch, r) for r in ranks]
+    parts[1]["tool_mask"] = parts[1]["tool_mask"].clone()
+    parts[1]["tool_mask"][3] = 0
+    real = torch.arange(7)
+    one = trainer.compute_advantages(_rows(batch, real), scores[real])["advantages"]
+
+    sent = []
+    monkeypatch.setattr(trainer.accelerator, "reduce", lambda t, reduction: sent.append(t.clone()) or t)
+    for part, r in zip(parts, ranks):  # what each process puts into the all-reduce
+        trainer.compute_advantages(dict(part), scores[r])
+    assert len(sent) == 2
+    total = sent[0] + sent[1]
+    monkeypatch.setattr(trainer.accelerator, "reduce", lambda t, reduction: total.to(t.device, t.dtype))
+    out = [trainer.compute_advantages(dict(p), scores[r])["advantages"] for p, r in zip(parts, ranks)]
+    split = torch.cat(out)
+    torch.testing.assert_close(split[:7], one, atol=1e-5, rtol=0)
+    assert split[7].abs().sum() == 0  # the padding row: no advantage, and not in the statistics
+    mask = loss_mask(_rows(batch, real)).bool()
+    row_means = torch.stack([one[b][mask[b]].mean() for b in range(7)])
+    assert (row_means[:4] > 0.5).all() and (row_means[4:] < -0.5).all()
 
 
 def test_unscorable_sample_gets_no_advantage_and_no_value_target(trainer):

@@ -761,3 +761,199 @@ def test_one_ragen2_sokoban_step_on_a_two_layer_qwen_3b_shaped_model(tmp_path):
     assert tr.last_rollout.records[0].turns[0].response.startswith("<think>")
     assert not torch.equal(tr.model.model.layers[0].mlp.down_proj.weight, policy0)
     assert not torch.equal(tr.critic.body.layers[0].mlp.down_proj.weight, critic0)
+
+
+def test_separate_critic_checkpoint_round_trip(tiny_dir, tmp_path):
+    from llm_gym.trainer.ppo import CRITIC_FILE, load_critic
+
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(tiny_dir, tmp_path / "out", critic_model="separate")
+    ckpt = tmp_path / "ckpt"
+    tr._save(str(ckpt))
+    assert (ckpt / CRITIC_FILE).is_file()
+    saved = {n: p.detach().clone() for n, p in tr.critic.named_parameters()}
+    with torch.no_grad():
+        for p in tr.critic.parameters():
+            p.add_(1.0)
+    tr._load_from_checkpoint(str(ckpt))
+    assert all(torch.equal(p, saved[n]) for n, p in tr.critic.named_parameters())
+    assert not load_critic(tr.critic, str(tmp_path))  # no file: a warning, the critic keeps its weights
+
+
+def test_ragen_chat_style_without_thinking_prefixes_answer():
+    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
+
+    from llm_gym.agent.chat import ChatFormat
+    from tests._tiny import build_tiny_tokenizer
+
+    template = ChatTemplateTokens(build_tiny_tokenizer("chatml"))
+
+    def generate(contexts, budgets):
+        ids = template.encode("Right</answer>") + [template.end_of_turn_id]
+        return [ids for _ in contexts], [[-0.5] * len(ids) for _ in contexts]
+
+    (e,) = play_token_episodes(
+        "llmgym/FrozenLakeDeterministic-v0",
+        [0],
+        generate,
+        template,
+        max_new_tokens=64,
+        max_completion_length=4000,
+        env_kwargs={"max_turns": 1, "think": False, "parse_mode": "ragen"},
+        chat=ChatFormat(style="ragen"),
+    )
+    assert e.prompt_ids[-len(template.encode("<answer>")) :] == template.encode("<answer>")
+    assert e.record.turns[0].response == "<answer>Right</answer>"
+    assert e.record.turns[0].info["action_is_valid"]
+
+
+def _set_grads(params, norm, seed):
+    """Random gradients on ``params`` with total L2 norm ``norm``."""
+    g = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(p.shape, generator=g) for p in params]
+    total = torch.sqrt(sum((x.double() ** 2).sum() for x in grads)).item()
+    for p, x in zip(params, grads):
+        p.grad = (x * (norm / total)).to(p.dtype)
+
+
+def _grad_norm(params):
+    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None)).item()
+
+
+def test_separate_critic_gradients_are_clipped_apart_from_the_actors(tiny_dir, tmp_path):
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(tiny_dir, tmp_path, critic_model="separate", max_grad_norm=1.0)
+    critic = list(tr.critic.parameters())
+    ids = {id(p) for p in critic}
+    actor = [p for p in tr.model.parameters() if id(p) not in ids]
+    # the reviewer's norms: jointly clipped, the actor would be scaled to 3.867 / 40.17 = 0.096
+    _set_grads(actor, 3.867, seed=0)
+    _set_grads(critic, 39.987, seed=1)
+    directions = [p.grad.clone() for p in actor + critic]
+    norm = tr._clip_grad_norm(tr.model)
+    assert float(norm) == pytest.approx(3.867, rel=1e-4)  # the logged grad_norm is the actor's own
+    assert _grad_norm(actor) == pytest.approx(1.0, rel=1e-4)
+    assert _grad_norm(critic) == pytest.approx(1.0, rel=1e-4)
+    for p, d in zip(actor + critic, directions):  # clipping only rescales each model's gradient
+        torch.testing.assert_close(
+            p.grad, d * (1.0 / 3.867 if id(p) not in ids else 1.0 / 39.987), rtol=1e-4, atol=0
+        )
+    assert tr._metrics["train"]["ppo/critic_grad_norm"][-1] == pytest.approx(39.987, rel=1e-4)
+    # below the limit nothing moves
+    _set_grads(actor, 0.5, seed=2)
+    _set_grads(critic, 0.25, seed=3)
+    assert float(tr._clip_grad_norm(tr.model)) == pytest.approx(0.5, rel=1e-4)
+    assert _grad_norm(actor) == pytest.approx(0.5, rel=1e-4) and _grad_norm(critic) == pytest.approx(
+        0.25, rel=1e-4
+    )
+
+
+def test_separate_clipping_unscales_fp16_gradients_once(tiny_dir, tmp_path, monkeypatch):
+    """fp16 AMP's GradScaler unscales once per step and raises on a second call: both models' norms must be
+    taken on the gradients unscaled by that one call (a GPU-free stand-in for the scaler)."""
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(tiny_dir, tmp_path, critic_model="separate", max_grad_norm=1.0)
+    critic = list(tr.critic.parameters())
+    ids = {id(p) for p in critic}
+    actor = [p for p in tr.model.parameters() if id(p) not in ids]
+    scale = 1024.0
+    _set_grads(actor, 3.0 * scale, seed=0)
+    _set_grads(critic, 2.0 * scale, seed=1)
+    calls = []
+
+    def unscale_gradients(optimizer=None):
+        if calls:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        calls.append(optimizer)
+        for p in actor + critic:
+            p.grad /= scale
+
+    monkeypatch.setattr(tr.accelerator, "unscale_gradients", unscale_gradients)
+    assert float(tr._clip_grad_norm(tr.model)) == pytest.approx(3.0, rel=1e-4)
+    assert len(calls) == 1
+    assert tr._metrics["train"]["ppo/critic_grad_norm"][-1] == pytest.approx(2.0, rel=1e-4)
+    assert _grad_norm(actor) == pytest.approx(1.0, rel=1e-4) and _grad_norm(critic) == pytest.approx(
+        1.0, rel=1e-4
+    )
+
+
+def test_value_head_on_the_shared_backbone_is_clipped_jointly(tiny_dir, tmp_path):
+    from tests.test_ppo import make_trainer
+
+    tr = make_trainer(tiny_dir, tmp_path, critic_model="head", max_grad_norm=1.0)
+    head = list(tr.value_head.parameters())
+    ids = {id(p) for p in head}
+    policy = [p for p in tr.model.parameters() if id(p) not in ids]
+    _set_grads(policy, 3.0, seed=0)
+    _set_grads(head, 4.0, seed=1)
+    # the backbone's gradient holds both losses', so one norm covers all (documented in docs/ragen2.md)
+    assert float(tr._clip_grad_norm(tr.model)) == pytest.approx(5.0, rel=1e-4)
+    assert _grad_norm(policy + head) == pytest.approx(1.0, rel=1e-4)
+    assert _grad_norm(policy) == pytest.approx(3.0 / 5.0, rel=1e-4)
+    assert "ppo/critic_grad_norm" not in tr._metrics["train"]
+
+
+@pytest.mark.parametrize(("algo", "after"), [("ppo", True), ("ppo", False), ("grpo", True)])
+def test_filter_loss_scaling_multiplies_the_final_advantages(tiny_dir, tmp_path, algo, after):
+    from tests.test_ppo import make_trainer
+
+    settings = dict(
+        filter_strategy="top_p",
+        filter_include_zero=False,
+        advantages_after_filter=after,
+        filter_loss_scaling="linear",
+        max_steps=1,
+    )
+    if algo == "ppo":
+        tr = make_trainer(
+            tiny_dir,
+            tmp_path,
+            per_device_train_batch_size=2,
+            num_prompts=2,
+            trainer_kwargs={"reward_funcs": [_group0_signal]},
+            **settings,
+        )
+    else:
+        tr = _grpo_trainer(tiny_dir, tmp_path, reward_funcs=[_group0_signal], **settings)
+    captured = {}
+    hook, score = tr.compute_advantages, tr._generate_and_score_completions
+
+    def spy_hook(batch, rewards):
+        out = hook(batch, rewards)
+        captured["hook"] = out["advantages"].clone()
+        return out
+
+    def spy_score(inputs):
+        out = score(inputs)
+        captured["final"] = out["advantages"].clone()
+        return out
+
+    tr.compute_advantages, tr._generate_and_score_completions = spy_hook, spy_score
+    tr.train()
+    assert tr.signal_state.loss_scale == 0.5  # one of two groups kept
+    final = captured["final"]
+    assert final.shape[0] == 2  # the kept group; group 0 comes first in either timing
+    hook_adv = captured["hook"][:2, : final.shape[1]] if final.dim() == 2 else captured["hook"][:2]
+    assert hook_adv.abs().max() > 0.1
+    torch.testing.assert_close(final, 0.5 * hook_adv)  # once: neither lost nor applied twice
+
+
+def test_proportional_mode_round_with_nothing_kept_takes_no_step(tiny_dir, tmp_path):
+    tr = _grpo_trainer(
+        tiny_dir,
+        tmp_path,
+        reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+        filter_strategy="top_p",
+        filter_update_steps="proportional",
+        max_steps=2,
+    )
+    p0 = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.train()
+    assert tr.state.log_history[0]["snr/update_steps"] == 0
+    assert tr.signal_state.skipped_steps == 2
+    assert all(torch.equal(p, p0[n]) for n, p in tr.model.named_parameters())

@@ -289,3 +289,33 @@ def test_group_dynamics_seeds_each_member_or_none(tokenizers, mode):
     else:
         assert options == [None] * 4
     assert len({e.prompt_ids and tuple(e.prompt_ids) for e in eps}) == 1  # identical start states
+
+
+def test_ragen_style_without_thinking_prefixes_answer_per_episode(tokenizers):
+    from llm_gym.agent.chat import ChatFormat
+
+    template = ChatTemplateTokens(tokenizers["chatml"])
+    reply = "Right</answer>"
+
+    def generate(contexts, budgets):
+        ids = template.encode(reply) + [template.end_of_turn_id]
+        return [ids for _ in contexts], [[-0.5] * len(ids) for _ in contexts]
+
+    (e,) = play_token_episodes(
+        FL_DET,
+        [0],
+        generate,
+        template,
+        max_new_tokens=64,
+        max_completion_length=4000,
+        env_kwargs={"max_turns": 2, "think": False},
+        chat=ChatFormat(style="ragen"),
+    )
+    answer = template.encode("<answer>")
+    assert e.prefix == "<answer>" and e.prefix_ids == answer
+    assert e.prompt_ids[-len(answer) :] == answer  # the first prompt ends in <answer>, not <think>
+    assert all(t.response == "<answer>" + reply for t in e.record.turns)
+    assert e.record.turns[0].info["action_is_valid"]  # the env parsed "<answer>Right</answer>"
+    s, _ = e.turn_spans[1]
+    assert e.completion_ids[s - len(answer) : s] == answer  # between-turn ids end in <answer>, untrained
+    assert not any(e.env_mask[s - len(answer) : s])

@@ -169,6 +169,22 @@ class RewardStdCollapseCallback(TrainerCallback):
         self.base: float | None = None
         self.seen_round = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The baseline and windows, saved in checkpoints so that a resumed run keeps its baseline."""
+        return {
+            "first": self.first,
+            "recent": list(self.recent),
+            "base": self.base,
+            "seen_round": self.seen_round,
+        }
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.first = [float(v) for v in data.get("first", [])]
+        self.recent.clear()
+        self.recent.extend(float(v) for v in data.get("recent", []))
+        self.base = None if data.get("base") is None else float(data["base"])
+        self.seen_round = int(data.get("seen_round", 0))
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         st = self.state
         if st.rounds != self.seen_round:  # one new generation round since the last look
@@ -204,6 +220,12 @@ class LowSuccessStopCallback(TrainerCallback):
     def __init__(self, state: SignalState, min_success: float, evals: int) -> None:
         self.state, self.min_success, self.evals = state, float(min_success), int(evals)
         self.low = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"low": self.low}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.low = int(data.get("low", 0))
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any

@@ -29,7 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 
 #: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -201,7 +201,19 @@ def build_parser() -> Any:
         help="Start afresh in a non-empty output_dir: its checkpoints, records, reports and final model are "
         "removed first (without this or --resume, a non-empty output_dir is refused).",
     )
-    return parser
+    _negated_flag_help(parser)
+    # HfArgumentParser lists a dashed alias next to every flag: keep it parsing, hidden (as llmgym-eval does)
+    return snake_case_options(parser)
+
+
+def _negated_flag_help(parser: Any) -> None:
+    """HfArgumentParser's ``--no_X`` (for a boolean field that defaults to True) repeats X's help and shows a
+    default of False; say what it does instead (the ``--X`` flag shows the default)."""
+    for action in parser._actions:
+        negated = [o for o in action.option_strings if o.startswith("--no_")]
+        if negated and isinstance(action, argparse._StoreFalseAction):
+            action.help = f"Set {action.dest} to False (same as --{action.dest} False)."
+            action.default = argparse.SUPPRESS  # the --X flag's default fills the field
 
 
 def _add_alias(parser: Any, dest: str, alias: str) -> None:
@@ -345,6 +357,7 @@ def resolve_config(
         merged["per_device_train_batch_size"] = int(merged["num_prompts"]) * int(
             merged.get("num_generations", 8)
         )
+    _check_steps(merged)
     merged["env"] = env
     merged.setdefault("output_dir", str(Path("runs") / f"{_short(str(env))}-{algo}"))
     build = dict(merged)
@@ -373,6 +386,22 @@ def resolve_config(
         "profile_file": str(profile_file) if profile_file else None,
         "merged": merged,
     }
+
+
+def _check_steps(merged: dict[str, Any]) -> None:
+    """``max_steps`` -1 (or 0) means "train for num_train_epochs": refuse values below -1, and a run with
+    neither a step count nor epochs set by any layer (Trainer's default of 3 epochs over the 100,000-row seed
+    dataset would be a run of that many rounds)."""
+    steps = merged.get("max_steps", -1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
+        raise ConfigError(
+            f"max_steps must be a positive number of steps (or -1 with num_train_epochs), got {steps!r}"
+        )
+    if steps <= 0 and merged.get("num_train_epochs") is None:
+        raise ConfigError(
+            f"max_steps={steps} trains for num_train_epochs, which is not set: pass --max_steps N "
+            "(or --num_train_epochs E to train on the seed dataset E times)"
+        )
 
 
 def _num(value: Any) -> str:
@@ -438,11 +467,17 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_OK
     from llm_gym.trainer.models import ModelError, adapter_base, check_model
-    from llm_gym.trainer.output import prepare_output_dir
+    from llm_gym.trainer.output import (
+        prepare_output_dir,
+        publish_resume_choice,
+        read_resume_choice,
+        write_run_file,
+    )
 
     from llm_gym.safe_io import OutputLock, OutputLockedError
 
-    main_process = int(os.environ.get("RANK", "0")) == 0
+    rank, world_size = _launch_rank()
+    main_process = rank == 0
     log = print if main_process else (lambda *_: None)
     lock = None
     if "--dry_run" in argv:
@@ -464,17 +499,28 @@ def main(argv: list[str] | None = None) -> int:
         _check_env(config)
         if meta["resume"] == "latest" and not Path(config.output_dir).is_dir():
             raise ConfigError(f"--resume: output folder {config.output_dir} does not exist")
+        several = world_size > 1
         if main_process:
             # One run per output folder, held until this process ends (other ranks share rank 0's run).
             lock = OutputLock(config.output_dir, "training run").acquire()
-            meta["resume"] = prepare_output_dir(
-                config, meta["resume"], bool(meta.get("overwrite_output_dir")), log=log
-            )
-        elif meta["resume"] == "latest":  # rank 0 checked it; every rank loads the same one
-            from llm_gym.trainer.output import find_resume_checkpoint
-
-            folder, _ = find_resume_checkpoint(config.output_dir)
-            meta["resume"] = str(folder) if folder else None
+            try:
+                meta["resume"] = prepare_output_dir(
+                    config, meta["resume"], bool(meta.get("overwrite_output_dir")), log=log
+                )
+                write_run_file(config.output_dir, config)
+            except (ValueError, OSError) as e:
+                if several:  # the other ranks wait for rank 0's choice: tell them why there is none
+                    publish_resume_choice(config.output_dir, None, error=str(e))
+                    _wait_for_ranks()
+                raise
+            if several:
+                publish_resume_choice(config.output_dir, meta["resume"])
+        if several:
+            # Rank 0 alone chooses the checkpoint (and deletes incomplete ones); the others read its choice
+            # after this barrier instead of looking at a folder rank 0 may be changing.
+            _wait_for_ranks()
+            if not main_process:
+                meta["resume"] = read_resume_choice(config.output_dir)
     except (ConfigError, ModelError, OutputLockedError, ValueError) as e:
         if lock is not None:
             lock.release()
@@ -492,6 +538,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _launch_rank() -> tuple[int, int]:
+    """This process's rank and the number of processes, as the launcher (accelerate, torchrun) set them."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _wait_for_ranks() -> None:
+    """A barrier over the launched processes (before the trainer exists; accelerate's shared state sets up the
+    process group the trainer reuses)."""
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
 
 
 def _is_io_failure(e: BaseException) -> bool:
@@ -553,6 +612,10 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     trainer.train(resume_from_checkpoint=meta.get("resume") or None)
     after = trainer.evaluate() if do_eval else {}
     trainer.save_model(str(Path(config.output_dir) / "final"))
+    if is_main:  # the chat settings llmgym-eval --model OUTPUT/final reuses
+        from llm_gym.trainer.output import write_run_file
+
+        write_run_file(Path(config.output_dir) / "final", config)
     if is_main:
         last = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
         summary = [f"llmgym-train: done in {time.time() - t0:.0f}s"]

@@ -353,11 +353,6 @@ class FilterArguments:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.filter_update_steps == "proportional" and self.filter_drop != "remove":
             raise ValueError("filter_update_steps='proportional' needs filter_drop='remove'")
-        if self.advantages_after_filter and self.filter_loss_scaling != "none":
-            raise ValueError(
-                "advantages_after_filter computes the advantages after the filter, so filter_loss_scaling would be "
-                "overwritten; use filter_loss_scaling='none' with it"
-            )
         if not _nonnegative_int(self.filter_empty_stop_steps):
             raise ValueError(
                 f"filter_empty_stop_steps must be an integer >= 0, got {self.filter_empty_stop_steps!r}"

@@ -28,6 +28,7 @@ from llm_gym.trainer.config import (
     EVAL_TOP_P,
     MAX_NEW_TOKENS,
 )
+from llm_gym.trainer.output import RUN_CHAT_FIELDS, read_run_chat
 
 from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eval's statistics
     baseline_success,
@@ -35,6 +36,7 @@ from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eva
     outcome_summary,
     wilson_interval,
 )
+from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT
 from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail, write_records
 from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
@@ -324,6 +326,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="show the model only the last k turns (default: the full history, as in training)",
     )
+    chat = p.add_argument_group(
+        "chat format",
+        "as llmgym-train's; unset ones come from the llmgym_run.json a trained model's folder holds (else the "
+        "defaults below)",
+    )
+    chat.add_argument(
+        "--chat_style",
+        choices=CHAT_STYLES,
+        default=None,
+        help="llmgym (ours) or ragen (RAGEN's text, '<think>' opening every reply; with --endpoint this needs "
+        "a vLLM or SGLang server) (default: llmgym)",
+    )
+    chat.add_argument(
+        "--system_prompt",
+        default=None,
+        help=f"sentence opening the system message (default: {DEFAULT_SYSTEM_PROMPT!r})",
+    )
+    for name, what in (
+        ("reward_feedback", "show the previous turn's reward each turn"),
+        ("one_shot_example", "show one demonstration turn after the system message"),
+    ):
+        chat.add_argument(
+            f"--{name}",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="BOOL",
+            help=f"{what} (default: False)",
+        )
     p.add_argument(
         "--batch-size", type=int, default=32, help="episodes played together (one generate per turn)"
     )
@@ -347,6 +379,39 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true", help="replace an existing episodes.jsonl")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return snake_case_options(p)
+
+
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def chat_settings(a: argparse.Namespace, log: Any = None) -> dict[str, Any]:
+    """The chat-format flags, unset ones taken from the ``llmgym_run.json`` of a trained model's folder
+    (``--model OUTPUT/final`` or a checkpoint; not with ``--endpoint``), else the defaults."""
+    given = {name: getattr(a, name) for name in RUN_CHAT_FIELDS}
+    saved: dict[str, Any] = {}
+    if not a.endpoint and any(v is None for v in given.values()):
+        found = read_run_chat(a.model)
+        if found is not None:
+            saved, where = found
+            used = sorted(k for k in saved if given.get(k) is None)
+            if used and log is not None:
+                log(f"llmgym-eval: chat settings of the trained run from {where}: {', '.join(used)}")
+    defaults = {
+        "chat_style": "llmgym",
+        "system_prompt": DEFAULT_SYSTEM_PROMPT,
+        "reward_feedback": False,
+        "one_shot_example": False,
+    }
+    out = {k: (given[k] if given[k] is not None else saved.get(k, defaults[k])) for k in RUN_CHAT_FIELDS}
+    if out["chat_style"] not in CHAT_STYLES:
+        raise ValueError(f"chat_style must be one of {CHAT_STYLES}, got {out['chat_style']!r}")
+    return out
 
 
 def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[int]]:
@@ -398,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         env_ids, env_kwargs, ks = _check_args(args)
+        chat_kw = chat_settings(args, log=lambda m: print(m, file=sys.stderr))
         out_dir = Path(args.output_dir)
         episodes = out_dir / EPISODES_FILE
         # One evaluation per output folder (two would interleave their episodes in one file). A folder that
@@ -419,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "top_p": args.top_p,
             "max_new_tokens": args.max_new_tokens,
             "history_window": args.history_window,
+            **chat_kw,  # a resumed evaluation must show the model the same chat
         }
         seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
         result = evaluate(
@@ -429,7 +496,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             output=episodes,
             fingerprint=fingerprint,
             env_kwargs=env_kwargs,
-            chat=ChatFormat(history_window=args.history_window),
+            chat=ChatFormat(
+                history_window=args.history_window,
+                system_prompt=chat_kw["system_prompt"],
+                reward_feedback=chat_kw["reward_feedback"],
+                one_shot=chat_kw["one_shot_example"],
+                style=chat_kw["chat_style"],
+            ),
             resume=args.resume,
             batch_size=args.batch_size,
             ks=ks,

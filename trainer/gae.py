@@ -9,6 +9,7 @@ positions are 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -101,22 +102,58 @@ def gae(
     return advantages, returns
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def whiten_moments(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[count, sum, sum of squares]`` (float64, shape (3,)) of the masked entries of ``x``.
+
+    Moments add up: summed over the processes of a data-parallel batch (an all-reduce) they are the moments of
+    the whole batch, which :func:`masked_whiten` takes to whiten every shard with the global mean and std.
+    """
+    _check_shapes(x=x, mask=mask)
+    vals = x[mask.bool()].double()
+    return torch.stack([vals.new_tensor(float(vals.numel())), vals.sum(), (vals * vals).sum()]).cpu()
+
+
+def moments_mean_std(moments: torch.Tensor) -> tuple[float, float | None]:
+    """Mean and unbiased std from :func:`whiten_moments` ``[count, sum, sum of squares]``; the std is None
+    with fewer than two entries. Raises on moments that no batch can have (negative or non-finite)."""
+    m = torch.as_tensor(moments, dtype=torch.float64).reshape(-1)
+    if m.numel() != 3 or not torch.isfinite(m).all() or m[0] < 0 or m[2] < 0:
+        raise ValueError(f"moments must be finite [count >= 0, sum, sum of squares >= 0], got {m.tolist()}")
+    n, s, ss = (float(v) for v in m)
+    if n == 0:
+        return 0.0, None
+    mean = s / n
+    if n < 2:
+        return mean, None
+    var = max(ss - s * mean, 0.0) / (n - 1)  # float64: cancellation is negligible at advantage scales
+    return mean, var**0.5
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, moments: torch.Tensor | None = None
+) -> torch.Tensor:
     """(x - mean) / std over the masked entries (unbiased std); 0 outside the mask.
 
-    With fewer than two masked entries there is no spread to normalise by: the result is centred only.
+    ``moments`` (:func:`whiten_moments` summed over processes) gives the mean and std of the whole batch when
+    ``x`` is one process's shard of it (veRL whitens once over the global batch); without it they are ``x``'s
+    own. With fewer than two entries there is no spread to normalise by: the result is centred only.
     """
     _check_shapes(x=x, mask=mask)
     m = mask.bool()
     out = torch.zeros_like(x, dtype=torch.float32)
-    n = int(m.sum())
-    if n == 0:
+    if not m.any():
         return out
     vals = x[m].float()
-    centred = vals - vals.mean()
-    if n > 1:
-        centred = centred / (vals.std(unbiased=True) + eps)
-    out[m] = centred
+    if moments is None:
+        n = vals.numel()
+        mean = vals.mean()
+        std = vals.std(unbiased=True) if n > 1 else None
+    else:
+        mean, std = moments_mean_std(moments)
+    centred = vals - mean
+    if std is not None:
+        centred = centred / (std + eps)
+    out[m] = centred.float()
     return out
 
 
@@ -184,6 +221,7 @@ def ppo_targets(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> PPOTargets:
     """Advantages and value targets of a batch of trajectories from their episode scores.
 
@@ -196,6 +234,9 @@ def ppo_targets(
         scores: (B,) episode reward per row (NaN = unscorable).
         values: (B, T) rollout-time value estimates.
         mask: (B, T) 1 on model tokens (the loss mask), 0 elsewhere.
+        reduce: sums a tensor over the processes that hold the other rows of the batch (an all-reduce); the
+            whitening then uses the whole batch's mean and std (:func:`whiten_moments`). Every process must call
+            it. None: this batch is the whole batch.
     """
     _check_shapes(values=values, mask=mask)
     scores = torch.as_tensor(scores, dtype=torch.float32).reshape(-1).to(mask.device)
@@ -207,8 +248,18 @@ def ppo_targets(
     rewards = last_token_rewards(torch.nan_to_num(scores, nan=0.0), mask)
     advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:
-        advantages = masked_whiten(advantages, mask)
+        moments = None if reduce is None else reduce(whiten_moments(advantages, mask))
+        advantages = masked_whiten(advantages, mask, moments=moments)
     return PPOTargets(advantages=advantages, returns=returns, values=values, mask=mask.float())
 
 
-__all__ = ["PPOTargets", "clipped_value_loss", "gae", "last_token_rewards", "masked_whiten", "ppo_targets"]
+__all__ = [
+    "PPOTargets",
+    "clipped_value_loss",
+    "gae",
+    "last_token_rewards",
+    "masked_whiten",
+    "moments_mean_std",
+    "ppo_targets",
+    "whiten_moments",
+]

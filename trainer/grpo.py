@@ -17,8 +17,10 @@ Per training generation round, after TRL generated and scored the batch:
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,9 +28,9 @@ import torch
 from llm_gym.trainer.batch import episode_rewards, loss_mask, split_micro_batches
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.output import CheckpointMarkerCallback
+from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
-from llm_gym.trainer.signals import SignalState, after_scoring
+from llm_gym.trainer.signals import SignalState, after_scoring, apply_loss_scale
 from trl import GRPOTrainer
 
 #: Batch key that carries each row's episode reward through the SNR filter (``advantages_after_filter``).
@@ -120,8 +122,6 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
         self.signal_state = SignalState.for_process(args.seed, self.accelerator.process_index)
         self.add_callback(EnvProgressCallback(self.callback_handler))
-        # completion marker of each checkpoint, written after every process saved its files
-        self.add_callback(CheckpointMarkerCallback(self.accelerator.wait_for_everyone))
         for cb in make_signal_callbacks(
             args, self.signal_state, self, deepspeed=bool(getattr(self, "is_deepspeed_enabled", False))
         ):
@@ -193,15 +193,18 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             # RAGEN computes (and whitens) advantages on the rows the filter kept, copies included: the reward
             # rides along with its row through the filter
             out[ROW_REWARD] = local
-            out = after_scoring(self, out, gathered, self.signal_state)
-            return self.compute_advantages(out, out.pop(ROW_REWARD))
+            out = after_scoring(self, out, gathered, self.signal_state, scale_advantages=False)
+            out = self.compute_advantages(out, out.pop(ROW_REWARD))
+            # filter_loss_scaling multiplies the final advantages, whichever hook computed them (RAGEN)
+            return apply_loss_scale(out, self.signal_state)
         out = self.compute_advantages(out, local)
         return after_scoring(self, out, gathered, self.signal_state)
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering of one generation round into micro-batches, except with
-        ``filter_update_steps="proportional"``: the kept rows fill the first micro-batches in order of a random
-        shuffle and the round's remaining ones are empty, flagged so that their optimizer steps take no update."""
+        ``filter_update_steps="proportional"``: the kept rows fill the first micro-batches in their order (kept
+        groups, then the copies; RAGEN's actor splits its batch unshuffled, ``ragen/workers/actor/dp_actor.py``) and
+        the round's remaining ones are empty, flagged so that their optimizer steps take no update."""
         args = self.args
         if (
             not self.model.training
@@ -212,12 +215,6 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         spg = args.steps_per_generation
         if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            n = batch["completion_ids"].shape[0]
-            perm = torch.randperm(n, generator=self.signal_state.copy_generator).tolist()
-            batch = {
-                k: (v[perm] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == n else v)
-                for k, v in batch.items()
-            }
             self._buffered_inputs, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
         index = self._step % spg
         real = self.signal_state.real_micro_batches
@@ -287,6 +284,71 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         if kl is not None:
             m["kl"].append(gather(res.kl.detach()).mean().item())
         return loss
+
+    def _save_checkpoint(self, model, trial):
+        """Trainer's checkpoint, plus each process's signal state; then, once every process saved its files,
+        the completion marker; only then the rotation (``save_total_limit``) deletes older checkpoints, so a
+        kill during the save always leaves the previous complete checkpoint in place."""
+        args = self.args
+        limit = args.save_total_limit
+        args.save_total_limit = None  # Trainer rotates inside its save, before our marker: we do it after
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            args.save_total_limit = limit
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+        from llm_gym.safe_io import atomic_write_text
+
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        rank = self.accelerator.process_index
+        os.makedirs(folder, exist_ok=True)
+        atomic_write_text(
+            os.path.join(folder, SIGNAL_STATE_FILE.format(rank=rank)), json.dumps(self._resume_state()) + "\n"
+        )
+        self.accelerator.wait_for_everyone()
+        if args.should_save:
+            write_run_file(folder, args)
+            write_checkpoint_marker(folder, self.state.global_step, self.accelerator.num_processes)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()
+
+    def _resume_state(self) -> dict[str, Any]:
+        """What a resumed run needs besides Trainer's own state: the signal state, the generation-round count
+        (``records_every``) and the early-stop callbacks' baselines."""
+        callbacks = {
+            type(cb).__name__: cb.state_dict()
+            for cb in self.callback_handler.callbacks
+            if cb.__module__ == "llm_gym.trainer.callbacks" and hasattr(cb, "state_dict")
+        }
+        return {
+            "signal_state": self.signal_state.state_dict(),
+            "generation_rounds": self._generation_rounds,
+            "callbacks": callbacks,
+        }
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model=model)
+        path = os.path.join(
+            resume_from_checkpoint, SIGNAL_STATE_FILE.format(rank=self.accelerator.process_index)
+        )
+        if not os.path.isfile(path):  # a checkpoint of an older llm-gym: the signal state starts afresh
+            warnings.warn(f"{path} is missing: MI cadence, EMAs and early-stop state restart", stacklevel=2)
+            return
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        self.signal_state.load_state_dict(data.get("signal_state", {}))
+        self._generation_rounds = int(data.get("generation_rounds", 0))
+        saved = data.get("callbacks", {})
+        for cb in self.callback_handler.callbacks:
+            if type(cb).__name__ in saved and hasattr(cb, "load_state_dict"):
+                cb.load_state_dict(saved[type(cb).__name__])
 
     # ------------------------------------------------------------------------------------------ helpers
     def _gather_mean(self, values: list[float]) -> float:

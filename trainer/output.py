@@ -1,9 +1,11 @@
 """Crash safety of a training run's output folder: complete checkpoints, records reconciled on resume.
 
 - A checkpoint is **complete** when its completion marker (``llmgym_checkpoint.json``, written last, after every
-  file of the checkpoint was synced to disk) lists files that all still have their recorded sizes. A checkpoint
-  without a marker (written by another tool, or a run killed between its last file and the marker) counts as
-  complete when its files check out structurally: ``trainer_state.json`` parses (Trainer writes it after the
+  process saved its files and they were synced to disk) lists files that all still have their recorded sizes,
+  including each process's own files (``rng_state_N.pth``, ``llmgym_signal_state_N.json``) for the world size it
+  records. In a run folder of this llm-gym (it holds the run lock or ``llmgym_run.json``) a checkpoint without
+  a marker is incomplete: the run was killed while saving it. Elsewhere (a checkpoint written by another tool)
+  a checkpoint without a marker counts as complete when its files check out structurally: ``trainer_state.json`` parses (Trainer writes it after the
   weights, optimizer, scheduler and RNG states), a weights file is present, and every safetensors file has the
   size its header declares and every torch file (``*.pt``, ``*.pth``, ``*.bin``: zip archives) ends in its zip
   directory, which a cut-off write lacks.
@@ -25,18 +27,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from llm_gym.safe_io import LOCK_FILE, atomic_path, atomic_write_text, fsync_dir, fsync_file
 
-#: Written into a checkpoint folder after everything else: ``{"global_step": N, "files": {relpath: size}}``.
+#: Written into a checkpoint folder after everything else:
+#: ``{"global_step": N, "world_size": W, "files": {relpath: size}}``.
 MARKER = "llmgym_checkpoint.json"
+#: Each process's :class:`~llm_gym.trainer.signals.SignalState` (and early-stop state) in a checkpoint.
+SIGNAL_STATE_FILE = "llmgym_signal_state_{rank}.json"
+#: Written into the output folder when a run starts, and into ``final/``: the settings ``llmgym-eval`` reuses.
+RUN_FILE = "llmgym_run.json"
+#: Multi-process runs: rank 0's ``--resume`` choice, read by the other ranks after a barrier.
+RESUME_CHOICE_FILE = ".llmgym_resume.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _SAFETENSORS_HEADER_MAX = 100 * 2**20
 
 
-def write_checkpoint_marker(folder: str | os.PathLike, global_step: int) -> Path:
-    """Sync every file of ``folder`` to disk, then write the marker listing them with their sizes."""
+def write_checkpoint_marker(folder: str | os.PathLike, global_step: int, world_size: int = 1) -> Path:
+    """Sync every file of ``folder`` to disk, then write the marker listing them with their sizes and the number
+    of processes that saved them."""
     folder = Path(folder)
     files: dict[str, int] = {}
     for p in sorted(folder.rglob("*")):
@@ -46,8 +54,33 @@ def write_checkpoint_marker(folder: str | os.PathLike, global_step: int) -> Path
     for d in {p.parent for p in folder.rglob("*")} | {folder}:
         fsync_dir(d)
     marker = folder / MARKER
-    atomic_write_text(marker, json.dumps({"global_step": int(global_step), "files": files}, indent=1) + "\n")
+    data = {"global_step": int(global_step), "world_size": int(world_size), "files": files}
+    atomic_write_text(marker, json.dumps(data, indent=1) + "\n")
     return marker
+
+
+def _per_rank_problem(files: dict[str, int], world_size: int) -> str | None:
+    """A file every process writes that the marker does not list for some rank (Trainer names RNG states
+    ``rng_state_N.pth`` with several processes; FSDP's sharded optimizer has one ``__N_0.distcp`` per rank)."""
+    names = set(files)
+    expect = (
+        [SIGNAL_STATE_FILE.format(rank=r) for r in range(world_size)]
+        if any(n.startswith("llmgym_signal_state_") for n in names)
+        else []
+    )
+    if world_size > 1:
+        if any(n.startswith("rng_state") for n in names):
+            expect += [f"rng_state_{r}.pth" for r in range(world_size)]
+        for folder in sorted({n.split("/", 1)[0] for n in names if n.endswith(".distcp")}):
+            expect += [f"{folder}/__{r}_0.distcp" for r in range(world_size)]
+    missing = [n for n in expect if n not in names]
+    return f"{missing[0]} is missing (saved by {world_size} processes)" if missing else None
+
+
+def written_by_llmgym(output_dir: str | os.PathLike) -> bool:
+    """Whether ``output_dir`` is a training run folder of this llm-gym, whose checkpoints all get a marker."""
+    out = Path(output_dir)
+    return (out / RUN_FILE).is_file() or (out / LOCK_FILE).is_file()
 
 
 def _safetensors_problem(p: Path) -> str | None:
@@ -104,12 +137,21 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
         return "not a folder"
     marker = folder / MARKER
     if not marker.exists():
+        if written_by_llmgym(folder.parent):
+            # our runs write the marker after every process's files: without it the save did not finish (the
+            # files alone cannot show that another process's RNG state or optimizer shard is missing)
+            return _structural_problem(folder) or f"no {MARKER} (the run was stopped while saving it)"
         return _structural_problem(folder)
     try:
-        files = json.loads(marker.read_text(encoding="utf-8"))["files"]
+        data = json.loads(marker.read_text(encoding="utf-8"))
+        files = data["files"]
         items = [(str(k), int(v)) for k, v in files.items()]
+        world_size = int(data.get("world_size", 1))
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
         return f"{MARKER} is malformed"
+    problem = _per_rank_problem(dict(items), world_size)
+    if problem:
+        return problem
     for rel, size in items:
         p = folder / rel
         if not p.is_file():
@@ -146,21 +188,6 @@ def checkpoint_step(folder: str | os.PathLike) -> int:
     return int(data["global_step"])
 
 
-class CheckpointMarkerCallback(TrainerCallback):
-    """Writes the completion marker once Trainer has saved a checkpoint (``on_save`` comes after the whole
-    save). ``wait`` (the accelerator's ``wait_for_everyone``) lets every process finish its files first."""
-
-    def __init__(self, wait: Callable[[], None] | None = None) -> None:
-        self.wait = wait
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.wait is not None:
-            self.wait()
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if args.should_save and folder.is_dir():
-            write_checkpoint_marker(folder, state.global_step)
-
-
 # ------------------------------------------------------------------------------------------ records on resume
 def _keep_record(meta: Any, step: int) -> bool:
     """Whether a record written before the kill belongs to the run up to checkpoint ``step``.
@@ -194,12 +221,22 @@ def _lines(path: Path, keep: Callable[[dict], bool]) -> Iterator[tuple[bytes, st
             yield raw, "drop" if isinstance(row, dict) and not keep(row) else "keep"
 
 
+def _ends_in_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return True
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
 def _filter_jsonl(path: Path, keep: Callable[[dict], bool]) -> tuple[int, bool]:
     """Rewrite ``path`` (atomically, streaming: records files can be large) with only the lines ``keep``
     accepts; a torn last line is dropped. Returns ``(lines dropped, whether a torn line was dropped)``; the
     file is untouched when nothing goes."""
     verdicts = Counter(v for _, v in _lines(path, keep))
-    if verdicts["drop"] or verdicts["torn"]:
+    # a complete last line without its newline is rewritten with one: the next append would join it
+    if verdicts["drop"] or verdicts["torn"] or not _ends_in_newline(path):
         with atomic_path(path) as tmp, tmp.open("wb") as f:
             for raw, verdict in _lines(path, keep):
                 if verdict == "keep":
@@ -294,7 +331,8 @@ def prepare_output_dir(
         folder = resolve_resume(out, resume, log)
         reconcile_after_resume(config, checkpoint_step(folder), log)
         return str(folder)
-    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    ours = (LOCK_FILE, RESUME_CHOICE_FILE, RUN_FILE)  # bookkeeping, not training output
+    entries = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
     if entries and not overwrite:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise ValueError(
@@ -310,3 +348,64 @@ def prepare_output_dir(
                 f"llmgym-train: --overwrite_output_dir removed {', '.join(p.name for p in removed)} from {out}"
             )
     return None
+
+
+# ------------------------------------------------------------------------------------------ run settings
+#: Config fields saved in :data:`RUN_FILE`: what ``llmgym-eval`` needs to show a trained model the same chat.
+RUN_CHAT_FIELDS = ("chat_style", "system_prompt", "reward_feedback", "one_shot_example")
+
+
+def write_run_file(folder: str | os.PathLike, config: Any) -> Path:
+    """Write :data:`RUN_FILE` into ``folder``: the run's environment and chat settings (JSON)."""
+    data = {
+        "env": config.env,
+        "env_kwargs": config.make_env_kwargs(),
+        **{name: getattr(config, name) for name in RUN_CHAT_FIELDS},
+    }
+    path = Path(folder) / RUN_FILE
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
+def read_run_chat(model_path: str | os.PathLike) -> tuple[dict[str, Any], Path] | None:
+    """The chat settings a trained model was trained with: :data:`RUN_FILE` in ``model_path`` (``final/``, a
+    run folder) or in its parent (a ``checkpoint-N`` folder); None when there is none. Only the known fields of
+    the expected types are returned (the file is data, not trusted code)."""
+    folder = Path(model_path)
+    types = {"chat_style": str, "system_prompt": str, "reward_feedback": bool, "one_shot_example": bool}
+    for candidate in (folder / RUN_FILE, folder.parent / RUN_FILE):
+        if not candidate.is_file() or candidate.stat().st_size > 2**20:
+            continue
+        try:
+            data = json.loads(candidate.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"{candidate} is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{candidate} is not a JSON object")
+        return {k: data[k] for k, t in types.items() if isinstance(data.get(k), t)}, candidate
+    return None
+
+
+# ------------------------------------------------------------------------------------------ several processes
+def publish_resume_choice(
+    output_dir: str | os.PathLike, choice: str | None, error: str | None = None
+) -> None:
+    """Rank 0: write the checkpoint ``--resume`` continues from (or the error that stops the run) for the other
+    ranks, which read it with :func:`read_resume_choice` after a barrier; rank 0 alone looks at (and may delete)
+    incomplete checkpoints."""
+    atomic_write_text(
+        Path(output_dir) / RESUME_CHOICE_FILE, json.dumps({"resume": choice, "error": error}) + "\n"
+    )
+
+
+def read_resume_choice(output_dir: str | os.PathLike) -> str | None:
+    """Other ranks: rank 0's choice; raises ``ValueError`` with rank 0's error when it refused the run."""
+    path = Path(output_dir) / RESUME_CHOICE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read rank 0's resume choice {path}: {e}") from None
+    if data.get("error"):
+        raise ValueError(str(data["error"]))
+    choice = data.get("resume")
+    return str(choice) if choice else None

@@ -76,7 +76,10 @@ class HFPolicy:
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self._eos = self._eos_ids()
+        from llm_gym.trainer.rollouts import template_stop_ids
+
+        # the stop tokens of training rollouts: the template's end-of-turn token and eos
+        self._eos = template_stop_ids(tokenizer)
         model.eval()
 
     @classmethod
@@ -98,32 +101,29 @@ class HFPolicy:
             model = model.to(device)
         return cls(model, tok, sampling, batch_size=batch_size)
 
-    def _eos_ids(self) -> list[int]:
-        ids: set[int] = set()
-        for source in (getattr(self.model, "generation_config", None), self.tokenizer):
-            eos = getattr(source, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif isinstance(eos, (list, tuple)):
-                ids.update(int(e) for e in eos)
-        return sorted(ids)
+    @property
+    def stop_ids(self) -> list[int]:
+        """Token ids that end a reply (the same as training's, ``rollouts.template_stop_ids``)."""
+        return list(self._eos)
 
-    def __call__(self, batch: list[list[dict]]) -> list[str]:
+    def __call__(self, batch: list[list[dict]], generation_prefix: str = "") -> list[str]:
+        """One reply per chat: the text generated after the generation prompt and ``generation_prefix``
+        (the prefix itself is not repeated; :func:`llm_gym.agent.rollout` puts it in front)."""
         if not batch:
             return []
         step = self.batch_size or len(batch)
         out: list[str] = []
         for start in range(0, len(batch), step):
-            out.extend(self._generate(batch[start : start + step]))
+            out.extend(self._generate(batch[start : start + step], generation_prefix))
         return out
 
-    def _generate(self, chats: list[list[dict]]) -> list[str]:
+    def _generate(self, chats: list[list[dict]], generation_prefix: str = "") -> list[str]:
         import torch
         from transformers import GenerationConfig
 
-        texts = [
-            self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats
-        ]
+        from llm_gym.agent.chat import generation_prompt
+
+        texts = [generation_prompt(self.tokenizer, c, generation_prefix) for c in chats]
         # The template already holds any BOS / special tokens.
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
@@ -493,8 +493,14 @@ class OpenAIPolicy:
             )
         return served
 
-    def _complete(self, messages: list[dict]) -> str:
+    def _complete(self, messages: list[dict], generation_prefix: str = "") -> str:
         s = self.sampling
+        extra: dict[str, Any] = {}
+        if generation_prefix:
+            # The prefix as the start of the assistant message, continued rather than closed: vLLM's and SGLang's
+            # chat-completion extensions. OpenAI's hosted API has no such option.
+            messages = [*messages, {"role": "assistant", "content": generation_prefix}]
+            extra["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
         try:
             reply = self._client.chat.completions.create(
                 model=self.model,
@@ -502,6 +508,7 @@ class OpenAIPolicy:
                 temperature=s.temperature,
                 top_p=s.top_p,
                 max_tokens=s.max_new_tokens,
+                **extra,
             )
         except (self._openai.OpenAIError, EndpointError, RecursionError) as e:
             raise self._error("chat completion failed", e, self.retries + 1) from None
@@ -520,13 +527,15 @@ class OpenAIPolicy:
                 self.generated_tokens += tokens
         return text
 
-    def __call__(self, batch: list[list[dict]]) -> list[str]:
+    def __call__(self, batch: list[list[dict]], generation_prefix: str = "") -> list[str]:
+        """One reply per chat. With ``generation_prefix`` (RAGEN chat style) the server continues an assistant
+        message that starts with it (needs vLLM or SGLang) and the reply is the text after it."""
         if not batch:
             return []
         if len(batch) == 1 or self.concurrency == 1:
-            return [self._complete(m) for m in batch]
+            return [self._complete(m, generation_prefix) for m in batch]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(batch))) as pool:
-            return list(pool.map(self._complete, batch))
+            return list(pool.map(lambda m: self._complete(m, generation_prefix), batch))
 
 
 __all__ = ["DEFAULT_MAX_REPLY_BYTES", "EndpointError", "HFPolicy", "OpenAIPolicy", "SamplingParams"]

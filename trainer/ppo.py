@@ -8,11 +8,13 @@ TRL removed its own ``PPOTrainer`` in 1.13; this one is a subclass of
   (:meth:`create_optimizer`);
 - a forward hook on the backbone turns the last hidden state into values during the loss forward TRL already
   runs (no extra forward in the loss); one no-grad forward per generation round gives the rollout-time values;
-- :meth:`compute_advantages` (the hook, called before the SNR filter) puts the episode reward on the last model
-  token, runs GAE over model tokens only (environment tokens are transparent) and replaces TRL's group
-  advantages with the whitened (B, T) ones (pure math: :func:`llm_gym.trainer.gae.ppo_targets`); the per-row
-  value targets travel with their rows through the filter. TRL's clipped surrogate, ``loss_type``,
-  ``epsilon``/``epsilon_high``, ``num_iterations`` and KL all apply;
+- :meth:`compute_advantages` (the hook, called before the SNR filter, or after it with
+  ``advantages_after_filter``) puts the episode reward on the last model token, runs GAE over model tokens
+  only (environment tokens are transparent) and replaces TRL's group advantages with the (B, T) ones,
+  whitened with the mean and std of every process's rows (one all-reduce of the moments, as veRL whitens
+  the global batch; pure math: :func:`llm_gym.trainer.gae.ppo_targets`); the per-row value targets travel
+  with their rows through the filter. TRL's clipped surrogate, ``loss_type``, ``epsilon``/``epsilon_high``,
+  ``num_iterations`` and KL all apply;
 - :meth:`compute_loss` adds the clipped value loss times ``vf_coef`` to TRL's loss;
 - the value head is saved as ``value_head.safetensors`` next to the weights (and kept out of
   ``save_pretrained``'s output), and restored on ``resume_from_checkpoint``;
@@ -22,7 +24,8 @@ With ``critic_model="separate"`` the critic is a full model instead (RAGEN / veR
 policy's, ``config/base.yaml``): :class:`ValueModel`, a copy of the policy's backbone at initialisation with its
 own value head, attached to the causal LM as ``critic`` so the Trainer's optimizer and accelerate see it, in its
 own parameter group (``value_lr``, ``critic_weight_decay``), saved as ``critic.safetensors``. It runs its own
-forward for the rollout-time values and in the loss.
+forward for the rollout-time values and in the loss, and its gradients are clipped apart from the actor's
+(:meth:`LLMGymPPOTrainer._clip_grad_norm`).
 
 The PPO loss follows Schulman et al. 2017 (arXiv:1707.06347), GAE Schulman et al. 2016 (arXiv:1506.02438).
 """
@@ -215,6 +218,8 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             gamma=self.args.gae_gamma,
             lam=self.args.gae_lambda,
             whiten=self.args.whiten_advantages,
+            # whiten over the whole batch, every process's rows (veRL), not per process
+            reduce=self._sum_over_processes,
         )
         device = self.accelerator.device
         batch["advantages"] = targets.advantages.to(device)  # (B, T): TRL's loss takes token-level advantages
@@ -224,6 +229,12 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         for name, value in targets.metrics().items():
             self.log_metric(f"ppo/{name}", value, "train")
         return batch
+
+    def _sum_over_processes(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over all processes (a copy with one); a collective every process calls."""
+        acc = self.accelerator
+        dtype = torch.float32 if acc.device.type == "mps" else torch.float64  # MPS has no float64
+        return acc.reduce(t.to(acc.device, dtype), reduction="sum").cpu().double()
 
     # ------------------------------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -274,6 +285,34 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             {"params": head, "lr": self.args.value_lr, "weight_decay": self.args.critic_weight_decay}
         )
         return optimizer
+
+    def _clip_grad_norm(self, model):
+        """Gradient clipping per model, as veRL clips its actor and critic each in its own optimizer step.
+
+        ``critic_model="separate"``: the actor's and the critic's gradients are clipped each to ``max_grad_norm``;
+        returns the actor's pre-clip norm (Trainer logs it as ``grad_norm``) and logs the critic's as
+        ``ppo/critic_grad_norm``. ``critic_model="head"``: the value head shares the backbone with the policy,
+        whose gradient is the sum of both losses', so the clipping is joint (Trainer's) and ``grad_norm`` covers
+        the head too. FSDP / DeepSpeed / XLA clip all parameters together inside their engines (Trainer's).
+        """
+        from accelerate.utils import DistributedType
+
+        acc = self.accelerator
+        if self._critic is None or acc.distributed_type in (
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+            DistributedType.XLA,
+        ):
+            return super()._clip_grad_norm(model)
+        acc.unscale_gradients()  # once: fp16 AMP's scaler refuses a second unscale in the same step
+        critic = list(self._critic.parameters())
+        ids = {id(p) for p in critic}
+        actor = [p for p in model.parameters() if id(p) not in ids]
+        # under DDP the gradients are already averaged over processes: local norms are the global ones
+        max_norm = self.args.max_grad_norm
+        critic_norm = torch.nn.utils.clip_grad_norm_(critic, max_norm)
+        self.log_metric("ppo/critic_grad_norm", float(critic_norm), "train")
+        return torch.nn.utils.clip_grad_norm_(actor, max_norm)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:

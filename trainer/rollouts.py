@@ -67,6 +67,41 @@ def seed_dataset(seeds: Sequence[int]):
 
 
 # ----------------------------------------------------------------------------------------- chat template glue
+def _end_of_turn(tokenizer: Any, chat_template: str | None = None) -> tuple[int, str]:
+    """The special token that closes an assistant message in the chat template, and the template text from it
+    to the end of a rendered conversation (a probe chat ending in an assistant message)."""
+    probe = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": _SENTINEL},
+    ]
+    full = tokenizer.apply_chat_template(
+        probe, tokenize=False, add_generation_prompt=False, chat_template=chat_template
+    )
+    at = full.rfind(_SENTINEL)
+    if at < 0:
+        raise ChatTemplateError(
+            "the chat template drops assistant message content; cannot build trajectories"
+        )
+    tail = full[at + len(_SENTINEL) :]
+    tail_ids = list(tokenizer(tail, add_special_tokens=False)["input_ids"])
+    if not tail_ids or tail_ids[0] not in set(tokenizer.all_special_ids):
+        raise ChatTemplateError(
+            f"cannot find the end-of-turn token after an assistant message (template renders {tail!r}); "
+            "the template must close assistant turns with a special token such as <|im_end|> or <|eot_id|>"
+        )
+    return int(tail_ids[0]), tail
+
+
+def template_stop_ids(tokenizer: Any, chat_template: str | None = None) -> list[int]:
+    """Where generation stops, in training rollouts and in ``llmgym-eval`` alike: the template's end-of-turn
+    token and the tokenizer's eos. A base model's tokenizer can have eos ``<|endoftext|>`` while its template
+    closes turns with ``<|im_end|>`` (Qwen2.5 base): stopping at eos only would run past the end of the turn."""
+    eot, _ = _end_of_turn(tokenizer, chat_template)
+    eos = tokenizer.eos_token_id
+    return sorted({eot, *([int(eos)] if eos is not None else [])})
+
+
 class ChatTemplateTokens:
     """Token ids of prompts and of the template text between model turns, for one tokenizer.
 
@@ -86,19 +121,7 @@ class ChatTemplateTokens:
         probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         prompt = self.render(probe, add_generation_prompt=True)
         full = self.render([*probe, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
-        at = full.rfind(_SENTINEL)
-        if at < 0:
-            raise ChatTemplateError(
-                "the chat template drops assistant message content; cannot build trajectories"
-            )
-        tail = full[at + len(_SENTINEL) :]
-        tail_ids = self.encode(tail)
-        if not tail_ids or tail_ids[0] not in set(tokenizer.all_special_ids):
-            raise ChatTemplateError(
-                f"cannot find the end-of-turn token after an assistant message (template renders {tail!r}); "
-                "the template must close assistant turns with a special token such as <|im_end|> or <|eot_id|>"
-            )
-        self.end_of_turn_id: int = tail_ids[0]
+        self.end_of_turn_id, tail = _end_of_turn(tokenizer, chat_template)
         self.end_of_turn_text: str = tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
         #: Template text after the end-of-turn token of an assistant message (``"\n"`` for ChatML).
         self.after_turn_text: str = (
@@ -106,8 +129,7 @@ class ChatTemplateTokens:
         )
         #: Whether the generation prompt is a plain prefix of a rendered assistant turn (informational).
         self.prefix_preserving: bool = full.startswith(prompt)
-        eos = tokenizer.eos_token_id
-        self.stop_ids: list[int] = sorted({self.end_of_turn_id, *([eos] if eos is not None else [])})
+        self.stop_ids: list[int] = template_stop_ids(tokenizer, chat_template)
         # Fail now, not at turn 2 of the first rollout, if the template rewrites history between turns.
         self.between_turns_ids([*probe, {"role": "assistant", "content": _SENTINEL}], "U2")
 
@@ -158,6 +180,10 @@ class TokenEpisode:
     turn_spans: list[list[int]] = field(default_factory=list)
     done: bool = False
     stop_reason: str = ""
+    #: ``Conversation.generation_prefix`` of this episode's env (RAGEN style: ``<think>``, or ``<answer>`` for an
+    #: env with ``think=False``) and its ids: prompt context after each generation prompt, never trained.
+    prefix: str = ""
+    prefix_ids: list[int] = field(default_factory=list)
 
     @property
     def context(self) -> list[int]:
@@ -215,9 +241,9 @@ def play_token_episodes(
         raise ValueError("max_completion_length must be >= 2")
     tok = template.tokenizer
     env_kwargs = dict(env_kwargs or {})
-    # ChatFormat(style="ragen") opens every reply with "<think>": prompt tokens after the generation prompt (never
-    # trained), and part of the reply text the environment parses (RAGEN ``ctx_manager.py`` adds it back too)
-    prefix_ids = template.encode(chat.generation_prefix) if chat.generation_prefix else []
+    # ChatFormat(style="ragen") opens every reply with "<think>" ("<answer>" without thinking): prompt tokens after
+    # the generation prompt (never trained), and part of the reply text the environment parses (RAGEN
+    # ``ctx_manager.py`` adds it back too); ``Conversation.generation_prefix`` picks it per environment
     episodes: list[TokenEpisode] = []
     try:
         for i, seed in enumerate(seeds):
@@ -236,8 +262,12 @@ def play_token_episodes(
                 reset_options=options,
                 meta={**(meta or {}), "group_index": (first_index + i) % group_size},
             )
+            prefix = conv.generation_prefix
+            prefix_ids = template.encode(prefix) if prefix else []
             prompt = template.prompt_ids(conv.messages()) + prefix_ids
-            episodes.append(TokenEpisode(env, conv, int(seed), prompt, rec))
+            episodes.append(
+                TokenEpisode(env, conv, int(seed), prompt, rec, prefix=prefix, prefix_ids=prefix_ids)
+            )
 
         for _turn in range(MAX_TURNS_GUARD):
             active = [e for e in episodes if not e.done]
@@ -258,8 +288,6 @@ def play_token_episodes(
                     list(lps)[: max(budget, 0)],
                     template,
                     max_completion_length,
-                    prefix=chat.generation_prefix,
-                    prefix_ids=prefix_ids,
                 )
     finally:
         for e in episodes:
@@ -273,14 +301,12 @@ def _finish_turn(
     lps: list[float],
     template: ChatTemplateTokens,
     max_completion_length: int,
-    *,
-    prefix: str = "",
-    prefix_ids: Sequence[int] = (),
 ) -> None:
     """Append one model turn (cut at the first stop token), step the env, append the next observation.
 
-    ``prefix`` (text) / ``prefix_ids`` (its tokens) is the chat style's generation prefix: the reply text the
-    environment sees starts with it, and its tokens end the next turn's untrained between-turn tokens."""
+    The episode's generation prefix (RAGEN chat style) starts the reply text the environment sees, and its
+    tokens end the next turn's untrained between-turn tokens."""
+    prefix = e.prefix
     stop = set(template.stop_ids)
     cut = next((k + 1 for k, t in enumerate(ids) if t in stop), None)
     if cut is not None:
@@ -305,7 +331,7 @@ def _finish_turn(
         return
     history = e.conv.messages(window=None)
     user = e.conv.add_observation(obs, reward=float(reward), info=info)
-    between = template.between_turns_ids(history, user) + list(prefix_ids)
+    between = template.between_turns_ids(history, user) + e.prefix_ids
     # Room for the observation, at least one model token and an end-of-turn token.
     if len(e.completion_ids) + len(between) + 2 > max_completion_length:
         e.done, e.stop_reason = True, "budget"

@@ -20,9 +20,10 @@ The math lives in :mod:`llm_gym.trainer.snr_filter`, :mod:`llm_gym.trainer.mutua
 
 from __future__ import annotations
 
+import base64
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,8 @@ class SignalState:
     #: set per micro-batch by the trainer: the optimizer step being accumulated has no rows (no update)
     empty_step: bool = False
     copy_generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    #: this round's advantage multiplier from ``filter_loss_scaling`` (1 when not filtering)
+    loss_scale: float = 1.0
 
     @classmethod
     def for_process(cls, seed: int, process_index: int) -> SignalState:
@@ -65,11 +68,52 @@ class SignalState:
             copy_generator=torch.Generator().manual_seed(int(seed) + int(process_index)),
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state as JSON-able data, for checkpoints: a resumed run continues with the same MI cadence,
+        EMAs, pair-sampling and copy generators and early-stop counters as an uninterrupted one. ``token_text``
+        (a decode cache) is left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "token_text":
+                continue
+            if f.name == "rng":
+                value = value.bit_generator.state
+            elif f.name == "copy_generator":
+                value = base64.b64encode(value.get_state().numpy().tobytes()).decode("ascii")
+            elif f.name == "ema":
+                value = {k: asdict(e) for k, e in value.items()}
+            out[f.name] = value
+        return out
 
-def after_scoring(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState) -> dict:
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (keys it does not know are ignored)."""
+        known = {f.name for f in fields(self)} - {"token_text"}
+        for name, value in data.items():
+            if name not in known:
+                continue
+            if name == "rng":
+                bit_generator = np.random.PCG64()
+                bit_generator.state = value
+                value = np.random.Generator(bit_generator)
+            elif name == "copy_generator":
+                raw = np.frombuffer(base64.b64decode(value), dtype=np.uint8).copy()
+                gen = torch.Generator()
+                gen.set_state(torch.from_numpy(raw))
+                value = gen
+            elif name == "ema":
+                value = {k: mi.EmaState(**e) for k, e in value.items()}
+            setattr(self, name, value)
+
+
+def after_scoring(
+    trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState, *, scale_advantages: bool = True
+) -> dict:
     """Log MI on the unfiltered batch, then filter groups; returns the batch the loss will see.
 
     ``rewards`` are the round's episode rewards over all processes, in process order (NaN = unscorable).
+    ``scale_advantages=False`` leaves the ``filter_loss_scaling`` multiplier (``state.loss_scale``) to the caller,
+    for advantages computed after the filter (:func:`apply_loss_scale`).
     """
     args = trainer.args
     round_idx = state.rounds
@@ -82,6 +126,14 @@ def after_scoring(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalS
     start = time.perf_counter()
     batch = _filter(trainer, batch, np.asarray(rewards, dtype=np.float64), state)
     _put(trainer, state, "snr/filter_seconds", time.perf_counter() - start)
+    return apply_loss_scale(batch, state) if scale_advantages else batch
+
+
+def apply_loss_scale(batch: dict, state: SignalState) -> dict:
+    """Multiply the advantages by the round's ``filter_loss_scaling`` factor (RAGEN scales the final advantages,
+    after its advantage estimator, ``ragen/trainer/agent_trainer.py``)."""
+    if state.loss_scale != 1.0:
+        batch["advantages"] = batch["advantages"] * state.loss_scale
     return batch
 
 
@@ -116,10 +168,8 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
 
     n_pad = 0
     st.real_micro_batches = None
+    st.loss_scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling) if filtering else 1.0
     if filtering:
-        scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling)
-        if scale != 1.0:
-            out["advantages"] = out["advantages"] * scale
         spg = int(getattr(args, "steps_per_generation", None) or 1)
         if args.filter_update_steps == "proportional":
             # RAGEN: pad the kept rows with random copies to whole update batches; only those optimizer steps
@@ -128,7 +178,9 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
             step_rows = int(args.per_device_train_batch_size) * ga
             most = int(dec.keep_rows(G).reshape(acc.num_processes, n_local).sum(1).max())
             steps = -(-most // step_rows)
-            out, n_pad = select_rows_copy(out, keep_local, steps * step_rows, st.copy_generator)
+            # nothing kept: one micro-batch of masked rows stands in (every step of the round is empty)
+            target = steps * step_rows or int(args.per_device_train_batch_size)
+            out, n_pad = select_rows_copy(out, keep_local, target, st.copy_generator)
             out, _ = trim_completion_columns(out)
             st.real_micro_batches = steps * ga
             # TRL's token-mean ("dapo") normaliser assumes every micro-batch of the round shares the tokens:

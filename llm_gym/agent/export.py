@@ -153,12 +153,7 @@ def _kwargs_text(env_kwargs: Mapping[str, Any]) -> str:
 
 
 def _seeds(seeds: Iterable[int]) -> list[int]:
-    out = []
-    for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"seeds must be non-negative integers, got {s!r}")
-        out.append(s)
-    return out
+    return [check_seed(s, "each seed", allow_none=False) for s in seeds]  # the rule records and rows follow
 
 
 def export_episodes(

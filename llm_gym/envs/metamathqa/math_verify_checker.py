@@ -133,7 +133,7 @@ class MathVerifyWorker:
             for f in (proc.stdin, proc.stdout):
                 if f is not None:
                     try:
-                        os.close(f.fileno())
+                        f.close()  # this process's copy of the descriptor only (unbuffered: nothing to flush)
                     except (OSError, ValueError):
                         pass
             proc.returncode = 0  # so Popen.__del__ does not try to reap the parent's child
