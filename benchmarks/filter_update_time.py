@@ -45,7 +45,7 @@ def build_trainer(
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests._tiny import build_tiny_tokenizer
+    from tests._tiny import build_tiny_tokenizer, tiny_config_kwargs
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
@@ -64,23 +64,16 @@ def build_trainer(
         )
     )
     args = LLMGymGRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_filter_"),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        env="Bandit",
-        num_prompts=groups,
-        num_generations=group_size,
-        per_device_train_batch_size=micro_batch,
-        max_completion_length=completion_len,
-        gradient_checkpointing=False,
-        save_strategy="no",
-        num_eval_seeds=0,
-        episode_records="",
-        mi_every=0,
-        collapse_report="",
-        disable_tqdm=True,
-        **config,
+        **tiny_config_kwargs(
+            tempfile.mkdtemp(prefix="bench_filter_"),
+            env="Bandit",
+            num_prompts=groups,
+            num_generations=group_size,
+            per_device_train_batch_size=micro_batch,
+            max_completion_length=completion_len,
+            collapse_report="",
+            **config,
+        )
     )
     tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok)
     tr.current_gradient_accumulation_steps = args.gradient_accumulation_steps

@@ -32,34 +32,30 @@ def run(
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
     from llm_gym.trainer.models import load_model_and_tokenizer
 
+    from tests._tiny import tiny_config_kwargs
+
     model, tok = load_model_and_tokenizer(path, dtype="float32")
     args = LLMGymGRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_mi_"),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        env=a.env,
-        num_prompts=a.prompts,
-        num_generations=a.group,
-        per_device_train_batch_size=a.prompts * a.group,
-        max_turns=a.turns,
-        max_new_tokens=a.new_tokens,
-        max_completion_length=a.turns * (a.new_tokens + 120),
-        max_steps=a.steps,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        learning_rate=1e-5,
-        seed=0,
-        disable_tqdm=True,
-        num_eval_seeds=0,
-        episode_records="",
-        collapse_report="",
-        filter_strategy="off",
-        mi_every=mi_every,
-        mi_num_samples=a.samples,
-        mi_reasoning="turn",
-        mi_scorer=scorer,
+        **tiny_config_kwargs(
+            tempfile.mkdtemp(prefix="bench_mi_"),
+            env=a.env,
+            num_prompts=a.prompts,
+            num_generations=a.group,
+            per_device_train_batch_size=a.prompts * a.group,
+            max_turns=a.turns,
+            max_new_tokens=a.new_tokens,
+            max_completion_length=a.turns * (a.new_tokens + 120),
+            max_steps=a.steps,
+            logging_steps=1,
+            learning_rate=1e-5,
+            seed=0,
+            collapse_report="",
+            filter_strategy="off",
+            mi_every=mi_every,
+            mi_num_samples=a.samples,
+            mi_reasoning="turn",
+            mi_scorer=scorer,
+        )
     )
     tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok)
     start = time.process_time()

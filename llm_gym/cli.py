@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from llm_gym.registration import resolve_env_id
 
@@ -153,18 +153,25 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_export(path: str, fmt: str) -> Iterator[dict]:
+    """The rows of an export written in ``fmt`` (``hf``: a ``datasets`` folder, else JSONL)."""
+    from llm_gym.agent.export import read_jsonl
+
+    if fmt == "hf":
+        from datasets import load_from_disk
+
+        return iter(load_from_disk(path))
+    return read_jsonl(path)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    from llm_gym.agent.export import export_episodes, read_jsonl, verify_rows, write_jsonl
+    from llm_gym.agent.export import export_episodes, verify_rows, write_jsonl
 
     kwargs = _json_object(args.env_kwargs, "--env_kwargs") if args.env_kwargs else {}
     if args.check:
-        if args.format == "hf":
-            from datasets import load_from_disk
-
-            rows = iter(load_from_disk(args.check))
-        else:
-            rows = read_jsonl(args.check)
-        return _report_problems(verify_rows(rows, env_kwargs=kwargs), args.check)
+        return _report_problems(
+            verify_rows(_read_export(args.check, args.format), env_kwargs=kwargs), args.check
+        )
     if not args.env or not args.out:
         raise UsageError("export needs --env and --out (or --check FILE to verify an existing export)")
     if args.num_episodes < 1 or args.seed < 0:
@@ -188,13 +195,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     for seed, why in list(result.skipped.items())[:10]:
         print(f"  skipped seed {seed}: {why}")
     if args.verify:
-        if args.format == "hf":
-            from datasets import load_from_disk
-
-            rows = iter(load_from_disk(args.out))
-        else:
-            rows = read_jsonl(args.out)
-        return _report_problems(verify_rows(rows, env_kwargs=kwargs), args.out)
+        return _report_problems(verify_rows(_read_export(args.out, args.format), env_kwargs=kwargs), args.out)
     return EXIT_OK
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,6 +63,22 @@ def _named(e: OSError, path: Path) -> OSError:
 
 
 @contextlib.contextmanager
+def _undo_on_error(path: Path, undo: Callable[[], object]) -> Iterator[None]:
+    """Run ``undo`` (its own ``OSError`` ignored) if the block raises, then re-raise; an ``OSError`` is re-raised
+    naming ``path`` (see :func:`_named`), anything else (``KeyboardInterrupt`` included) as it is."""
+    try:
+        yield
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            undo()
+        raise _named(e, path) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            undo()
+        raise
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path`` for a writer that takes a file name; on success the file is
     synced and renamed onto ``path``; on any error it is removed and ``path`` is left as it was.
@@ -72,18 +88,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(path)
-    try:
+    with _undo_on_error(path, lambda: os.unlink(tmp)):
         yield tmp
         fsync_file(tmp)
         os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise _named(e, path) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     fsync_dir(path.parent)
 
 
@@ -98,18 +106,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(path)
-    try:
+    with _undo_on_error(path, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         yield tmp
         old = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _named(e, path) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     shutil.rmtree(old, ignore_errors=True)
     fsync_dir(path.parent)
 
@@ -152,17 +154,9 @@ def append_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") 
             if f.read(1) != b"\n":
                 data = b"\n" + data
             f.seek(0, os.SEEK_END)
-        try:
+        with _undo_on_error(path, lambda: f.truncate(start)):
             f.write(data)
             f.flush()
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                f.truncate(start)
-            raise _named(e, path) from None
-        except BaseException:
-            with contextlib.suppress(OSError):
-                f.truncate(start)
-            raise
 
 
 class OutputLockedError(RuntimeError):

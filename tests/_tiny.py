@@ -46,6 +46,16 @@ CHAT_TEMPLATES: dict[str, str] = {
     ),
 }
 
+#: The tiny Qwen2's shape (hidden 64, 2 layers, ~100k parameters with a 400-token vocabulary).
+TINY_QWEN2_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
+
 _SPECIALS = {
     "chatml": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", "<|endoftext|>"),
     "llama3": (
@@ -141,13 +151,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, template: str = "chatml", se
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_QWEN2_SHAPE,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
@@ -161,3 +166,85 @@ def build_tiny_model(out_dir: str | os.PathLike, *, template: str = "chatml", se
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+def tiny_trl_kwargs(output_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
+    """TRL ``GRPOConfig`` keyword arguments for a quiet CPU test run: no GPU or bf16, no trackers, no
+    checkpoints, no gradient checkpointing, no progress bar; ``overrides`` replace or add to them."""
+    return {
+        "output_dir": str(output_dir),
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "gradient_checkpointing": False,
+        "disable_tqdm": True,
+        **overrides,
+    }
+
+
+def tiny_config_kwargs(output_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
+    """``LLMGymGRPOConfig`` keyword arguments for a quiet CPU test run: ``tiny_trl_kwargs`` plus no evaluation,
+    no episode records and no MI estimates; ``overrides`` replace or add to them."""
+    quiet = {"num_eval_seeds": 0, "episode_records": "", "mi_every": 0}
+    return tiny_trl_kwargs(output_dir, **{**quiet, **overrides})
+
+
+def tiny_run_kwargs(output_dir: str | os.PathLike, **overrides: Any) -> dict[str, Any]:
+    """``tiny_config_kwargs`` plus the run most trainer tests vary from: two-turn FrozenLake, 2 groups of 2,
+    6 new tokens a turn, 2 optimizer steps of 4 rows, logging every step, seed 0."""
+    run = {
+        "env": "FrozenLake",
+        "num_prompts": 2,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 48,
+        "max_new_tokens": 6,
+        "max_turns": 2,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "seed": 0,
+    }
+    return tiny_config_kwargs(output_dir, **{**run, **overrides})
+
+
+def make_tiny_trainer(
+    tiny_dir: str | os.PathLike,
+    config_kwargs: dict[str, Any],
+    *,
+    trainer_cls: Any = None,
+    **trainer_kwargs: Any,
+) -> Any:
+    """A trainer (``LLMGymGRPOTrainer`` unless ``trainer_cls``) on the float32 tiny model at ``tiny_dir``, with
+    ``LLMGymGRPOConfig(**config_kwargs)``; ``trainer_kwargs`` (``reward_funcs``, ``peft_config``, ...) go to it."""
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
+    cls = trainer_cls or LLMGymGRPOTrainer
+    return cls(model=model, args=LLMGymGRPOConfig(**config_kwargs), processing_class=tok, **trainer_kwargs)
+
+
+def tiny_train_argv(
+    model_dir: str | os.PathLike, output_dir: str | os.PathLike, num_eval_seeds: int
+) -> list[str]:
+    """``llmgym-train`` arguments for a quiet tiny Bandit run that saves a checkpoint every step."""
+    return [
+        "--env",
+        "Bandit",
+        "--model",
+        str(model_dir),
+        "--output_dir",
+        str(output_dir),
+        "--num_eval_seeds",
+        str(num_eval_seeds),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "True",
+    ]

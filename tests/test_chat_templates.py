@@ -19,7 +19,7 @@ from llm_gym.trainer.rollouts import ChatTemplateError, ChatTemplateTokens, play
 from trl.chat_template_utils import qwen3_chat_template, qwen3_training_chat_template  # noqa: E402
 
 from llm_gym.cli import main as llmgym  # noqa: E402
-from tests._tiny import build_tiny_tokenizer  # noqa: E402
+from tests._tiny import build_tiny_tokenizer, tiny_config_kwargs  # noqa: E402
 
 #: Qwen3's template with one character changed: still drops old reasoning, but TRL does not recognise it.
 UNKNOWN_REWRITING = qwen3_chat_template.replace(
@@ -134,26 +134,19 @@ def test_trainer_trains_with_a_qwen3_template_and_says_so(tiny_dir, tmp_path, ca
     model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
     tok.chat_template = qwen3_chat_template
     args = LLMGymGRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        num_prompts=1,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        max_completion_length=32,
-        max_new_tokens=6,
-        max_turns=2,
-        max_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
-        mi_every=0,
-        collapse_report="",
-        filter_strategy="off",
+        **tiny_config_kwargs(
+            tmp_path,
+            env="FrozenLake",
+            num_prompts=1,
+            num_generations=2,
+            per_device_train_batch_size=2,
+            max_completion_length=32,
+            max_new_tokens=6,
+            max_turns=2,
+            max_steps=1,
+            collapse_report="",
+            filter_strategy="off",
+        )
     )
     with caplog.at_level(logging.WARNING, logger="llm_gym.trainer.chat_templates"):
         tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok)

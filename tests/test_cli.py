@@ -18,7 +18,7 @@ import llm_gym.trainer.models as models  # noqa: E402
 from llm_gym.trainer.cli import CPU_SETTINGS, available_profiles, main, resolve_config  # noqa: E402
 
 from llm_gym.registration import resolve_env_id  # noqa: E402
-from tests._tiny import CHAT_TEMPLATES  # noqa: E402
+from tests._tiny import CHAT_TEMPLATES, tiny_train_argv  # noqa: E402
 
 
 @pytest.fixture
@@ -285,24 +285,7 @@ def test_epochs_without_max_steps_are_accepted():
 
 def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):
     out = tmp_path / "run"
-    common = [
-        "--env",
-        "Bandit",
-        "--model",
-        tiny_dir,
-        "--output_dir",
-        str(out),
-        "--num_eval_seeds",
-        "2",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "True",
-    ]
+    common = tiny_train_argv(tiny_dir, out, num_eval_seeds=2)
     assert main([*common, "--max_steps", "1"]) == 0
     text = capsys.readouterr().out
     assert "before training: success" in text and "success before" in text and "-> after" in text

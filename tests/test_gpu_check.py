@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._tiny import TINY_QWEN2_SHAPE
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -15,12 +17,7 @@ TINY = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
     "vocab_size": 400,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
+    **TINY_QWEN2_SHAPE,
     "torch_dtype": "float32",
 }
 

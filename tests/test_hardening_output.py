@@ -371,26 +371,11 @@ import llm_gym.trainer.cli as train_cli  # noqa: E402
 import llm_gym.trainer.models as models  # noqa: E402
 from llm_gym.trainer.output import MARKER, checkpoint_problem, resolve_resume  # noqa: E402
 
+from tests._tiny import tiny_train_argv  # noqa: E402
+
 
 def _train_args(tiny_dir, out: Path) -> list[str]:
-    return [
-        "--env",
-        "Bandit",
-        "--model",
-        str(tiny_dir),
-        "--output_dir",
-        str(out),
-        "--num_eval_seeds",
-        "2",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "True",
-    ]
+    return tiny_train_argv(tiny_dir, out, num_eval_seeds=2)
 
 
 def _groups(run: Path) -> Counter:

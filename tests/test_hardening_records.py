@@ -155,7 +155,8 @@ def test_file_kwargs_from_a_record_are_refused_without_reading(path):
     assert "root" not in str(err.value)  # nothing of the file's content
 
 
-def test_file_kwargs_given_by_the_user_are_used(tmp_path):
+def _user_level_file_record(tmp_path):
+    """A copy of the bundled Sokoban sample in ``tmp_path`` and a one-turn record played on it (seed 1)."""
     from llm_gym.envs.sokoban.level import sample_path
 
     level_file = tmp_path / "levels.xsb"
@@ -166,6 +167,11 @@ def test_file_kwargs_given_by_the_user_are_used(tmp_path):
         seed=1,
         env_kwargs={"level_file": str(level_file)},
     )
+    return level_file, rec
+
+
+def test_file_kwargs_given_by_the_user_are_used(tmp_path):
+    level_file, rec = _user_level_file_record(tmp_path)
     with pytest.raises(ValueError, match="file paths are not taken"):
         verify_episode(rec)
     assert verify_episode(rec, env_kwargs={"level_file": str(level_file)}) is None
@@ -194,16 +200,8 @@ def test_cli_render_refuses_a_record_file_path_and_accepts_the_users(tmp_path, c
     pytest.importorskip("pygame")
     pytest.importorskip("imageio")
     from llm_gym.cli import main
-    from llm_gym.envs.sokoban.level import sample_path
 
-    level_file = tmp_path / "levels.xsb"
-    level_file.write_text(sample_path().read_text())
-    rec = record_episode(
-        "llmgym/SokobanFile-v0",
-        ["<think>.</think><answer>Up</answer>"],
-        seed=1,
-        env_kwargs={"level_file": str(level_file)},
-    )
+    level_file, rec = _user_level_file_record(tmp_path)
     path = tmp_path / "ep.jsonl"
     write_records(path, [rec])
     out = tmp_path / "ep.gif"

@@ -84,7 +84,7 @@ def _tool_tokenizer_and_model():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tests._tiny import build_tiny_tokenizer
+    from tests._tiny import TINY_QWEN2_SHAPE, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer("chatml")
     # TRL's bundled Qwen2.5 template renders tools and is recognised by its response parser.
@@ -95,13 +95,8 @@ def _tool_tokenizer_and_model():
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_QWEN2_SHAPE,
         max_position_embeddings=4096,  # the tool schemas make long prompts for a 400-token BPE
-        tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
@@ -115,6 +110,8 @@ def _tool_tokenizer_and_model():
 def test_stock_grpo_trainer_trains_two_steps_on_the_adapter(tmp_path, env_name):
     import torch
     from trl import GRPOConfig, GRPOTrainer
+
+    from tests._tiny import tiny_trl_kwargs
 
     tok, model = _tool_tokenizer_and_model()
     seed = 4
@@ -151,20 +148,16 @@ def test_stock_grpo_trainer_trains_two_steps_on_the_adapter(tmp_path, env_name):
     ds = make_prompt_dataset(env_name, 8)
     ds = ds.map(lambda row: {"seed": seed})  # one seed: every group plays the scripted episode
     args = GRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=256,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        max_tool_calling_iterations=2,
-        learning_rate=1e-2,
-        disable_tqdm=True,
+        **tiny_trl_kwargs(
+            tmp_path,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=256,
+            max_steps=2,
+            logging_steps=1,
+            max_tool_calling_iterations=2,
+            learning_rate=1e-2,
+        )
     )
     trainer = GRPOTrainer(
         model=model, args=args, train_dataset=ds, processing_class=tok, environment_factory=factory

@@ -17,6 +17,8 @@ from llm_gym.trainer.lora import LORA_FIELDS, peft_config  # noqa: E402
 from llm_gym.trainer.models import ModelError, adapter_base, check_model, load_model_and_tokenizer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from tests._tiny import make_tiny_trainer, tiny_run_kwargs  # noqa: E402
+
 LORA = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["q_proj", "v_proj"])
 G = 2
 
@@ -82,29 +84,10 @@ def variance_in_first_round_only():
 def make(tiny_dir, out, algo="grpo", reward=None, **overrides):
     from llm_gym.trainer.algorithms import algorithm_overrides, trainer_class
 
-    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
-    kwargs = dict(
-        output_dir=str(out),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        num_prompts=2,
+    kwargs = tiny_run_kwargs(
+        out,
         num_generations=G,
-        per_device_train_batch_size=4,
-        max_completion_length=48,
-        max_new_tokens=6,
-        max_turns=2,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
         learning_rate=1e-2,
-        seed=0,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
-        mi_every=0,
         collapse_report="",
         filter_strategy="top_p",
         filter_empty_stop_steps=0,
@@ -113,7 +96,7 @@ def make(tiny_dir, out, algo="grpo", reward=None, **overrides):
     )
     kwargs.update(overrides)
     extra = {"reward_funcs": [reward]} if reward is not None else {}
-    return trainer_class(algo)(model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, **extra)
+    return make_tiny_trainer(tiny_dir, kwargs, trainer_cls=trainer_class(algo), **extra)
 
 
 def test_grpo_trains_only_the_adapter_and_a_skipped_round_changes_nothing(tiny_dir, tmp_path):

@@ -16,17 +16,10 @@ from llm_gym.trainer.memory import (
     model_state_bytes,
 )
 
+from tests._tiny import TINY_QWEN2_SHAPE
+
 QWEN_3B = json.loads((Path(__file__).parent / "data" / "qwen2.5-3b" / "config.json").read_text())
-TINY = {
-    "model_type": "qwen2",
-    "vocab_size": 400,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-}
+TINY = {"model_type": "qwen2", "vocab_size": 400, **TINY_QWEN2_SHAPE}
 
 
 def _measured_states(config: dict, dtype):

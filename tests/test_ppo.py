@@ -6,8 +6,6 @@ import pytest
 import torch
 from llm_gym.trainer.algorithms import algorithm_overrides
 from llm_gym.trainer.batch import loss_mask
-from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.models import load_model_and_tokenizer
 from llm_gym.trainer.ppo import (
     OLD_VALUES,
     RETURNS,
@@ -17,38 +15,22 @@ from llm_gym.trainer.ppo import (
     load_value_head,
 )
 
+from tests._tiny import make_tiny_trainer, tiny_run_kwargs
+
 
 def make_trainer(tiny_dir, out_dir, trainer_kwargs=None, **overrides):
-    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
-    kwargs = dict(
-        output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        per_device_train_batch_size=4,
-        num_generations=2,
+    kwargs = tiny_run_kwargs(
+        out_dir,
+        num_prompts=None,  # rounds sized by the batch (steps_per_generation), as TRL does by default
         max_completion_length=64,
         max_new_tokens=8,
-        max_turns=2,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
         learning_rate=1e-3,
         value_lr=1e-2,
-        seed=0,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
         filter_strategy="off",
-        mi_every=0,
         **algorithm_overrides("ppo"),
     )
     kwargs.update(overrides)
-    tr = LLMGymPPOTrainer(
-        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, **(trainer_kwargs or {})
-    )
+    tr = make_tiny_trainer(tiny_dir, kwargs, trainer_cls=LLMGymPPOTrainer, **(trainer_kwargs or {}))
     tr.current_gradient_accumulation_steps = (
         1  # set by the training loop; needed when calling the loss directly
     )

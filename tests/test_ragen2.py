@@ -289,20 +289,20 @@ def test_low_validation_success_stop():
 
 
 # ------------------------------------------------------------------------------------------ chat style
-def test_ragen_chat_style_puts_think_in_the_prompt_not_in_the_trained_tokens():
+def _ragen_chat_episode(reply, env_kwargs):
+    """The chatml template and one FrozenLakeDeterministic episode (seed 0) in RAGEN's chat style in which the
+    model answers ``reply`` every turn."""
     from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
 
     from llm_gym.agent.chat import ChatFormat
     from tests._tiny import build_tiny_tokenizer
 
     template = ChatTemplateTokens(build_tiny_tokenizer("chatml"))
-    reply = "reason</think><answer>Right</answer>"
 
     def generate(contexts, budgets):
         ids = template.encode(reply) + [template.end_of_turn_id]
         return [ids for _ in contexts], [[-0.5] * len(ids) for _ in contexts]
 
-    chat = ChatFormat(style="ragen")
     (e,) = play_token_episodes(
         "llmgym/FrozenLakeDeterministic-v0",
         [0],
@@ -310,9 +310,15 @@ def test_ragen_chat_style_puts_think_in_the_prompt_not_in_the_trained_tokens():
         template,
         max_new_tokens=64,
         max_completion_length=4000,
-        env_kwargs={"max_turns": 2, "parse_mode": "ragen"},
-        chat=chat,
+        env_kwargs=env_kwargs,
+        chat=ChatFormat(style="ragen"),
     )
+    return template, e
+
+
+def test_ragen_chat_style_puts_think_in_the_prompt_not_in_the_trained_tokens():
+    reply = "reason</think><answer>Right</answer>"
+    template, e = _ragen_chat_episode(reply, {"max_turns": 2, "parse_mode": "ragen"})
     prefix = template.encode("<think>")
     assert e.prompt_ids[-len(prefix) :] == prefix  # first turn: the prefix ends the prompt
     assert e.record.turns[0].response == "<think>" + reply  # the env parses RAGEN's full reply
@@ -519,40 +525,18 @@ def test_config_rejects_bad_protocol_options(tmp_path):
 
 # ------------------------------------------------------------------------------------------ trainer wiring
 def _grpo_trainer(tiny_dir, out_dir, reward_funcs=None, **overrides):
-    from llm_gym.trainer.config import LLMGymGRPOConfig
-    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
-    from llm_gym.trainer.models import load_model_and_tokenizer
+    from tests._tiny import make_tiny_trainer, tiny_run_kwargs
 
-    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
-    kwargs = dict(
-        output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
+    kwargs = tiny_run_kwargs(
+        out_dir,
         per_device_train_batch_size=2,
-        num_prompts=2,
-        num_generations=2,
         gradient_accumulation_steps=1,
-        max_completion_length=48,
-        max_new_tokens=6,
         max_turns=1,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
         learning_rate=1e-2,
-        seed=0,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
-        mi_every=0,
         beta=0.0,
     )
     kwargs.update(overrides)
-    return LLMGymGRPOTrainer(
-        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, reward_funcs=reward_funcs
-    )
+    return make_tiny_trainer(tiny_dir, kwargs, reward_funcs=reward_funcs)
 
 
 def _group0_signal(completions, **_):
@@ -782,26 +766,8 @@ def test_separate_critic_checkpoint_round_trip(tiny_dir, tmp_path):
 
 
 def test_ragen_chat_style_without_thinking_prefixes_answer():
-    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
-
-    from llm_gym.agent.chat import ChatFormat
-    from tests._tiny import build_tiny_tokenizer
-
-    template = ChatTemplateTokens(build_tiny_tokenizer("chatml"))
-
-    def generate(contexts, budgets):
-        ids = template.encode("Right</answer>") + [template.end_of_turn_id]
-        return [ids for _ in contexts], [[-0.5] * len(ids) for _ in contexts]
-
-    (e,) = play_token_episodes(
-        "llmgym/FrozenLakeDeterministic-v0",
-        [0],
-        generate,
-        template,
-        max_new_tokens=64,
-        max_completion_length=4000,
-        env_kwargs={"max_turns": 1, "think": False, "parse_mode": "ragen"},
-        chat=ChatFormat(style="ragen"),
+    template, e = _ragen_chat_episode(
+        "Right</answer>", {"max_turns": 1, "think": False, "parse_mode": "ragen"}
     )
     assert e.prompt_ids[-len(template.encode("<answer>")) :] == template.encode("<answer>")
     assert e.record.turns[0].response == "<answer>Right</answer>"
@@ -821,13 +787,20 @@ def _grad_norm(params):
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None)).item()
 
 
-def test_separate_critic_gradients_are_clipped_apart_from_the_actors(tiny_dir, tmp_path):
+def _separate_critic_trainer(tiny_dir, tmp_path):
+    """A PPO trainer with a separate critic and gradient clipping at 1; its actor and critic parameters, and
+    the critic parameters' ids."""
     from tests.test_ppo import make_trainer
 
     tr = make_trainer(tiny_dir, tmp_path, critic_model="separate", max_grad_norm=1.0)
     critic = list(tr.critic.parameters())
     ids = {id(p) for p in critic}
     actor = [p for p in tr.model.parameters() if id(p) not in ids]
+    return tr, actor, critic, ids
+
+
+def test_separate_critic_gradients_are_clipped_apart_from_the_actors(tiny_dir, tmp_path):
+    tr, actor, critic, ids = _separate_critic_trainer(tiny_dir, tmp_path)
     # the reviewer's norms: jointly clipped, the actor would be scaled to 3.867 / 40.17 = 0.096
     _set_grads(actor, 3.867, seed=0)
     _set_grads(critic, 39.987, seed=1)
@@ -853,12 +826,7 @@ def test_separate_critic_gradients_are_clipped_apart_from_the_actors(tiny_dir, t
 def test_separate_clipping_unscales_fp16_gradients_once(tiny_dir, tmp_path, monkeypatch):
     """fp16 AMP's GradScaler unscales once per step and raises on a second call: both models' norms must be
     taken on the gradients unscaled by that one call (a GPU-free stand-in for the scaler)."""
-    from tests.test_ppo import make_trainer
-
-    tr = make_trainer(tiny_dir, tmp_path, critic_model="separate", max_grad_norm=1.0)
-    critic = list(tr.critic.parameters())
-    ids = {id(p) for p in critic}
-    actor = [p for p in tr.model.parameters() if id(p) not in ids]
+    tr, actor, critic, ids = _separate_critic_trainer(tiny_dir, tmp_path)
     scale = 1024.0
     _set_grads(actor, 3.0 * scale, seed=0)
     _set_grads(critic, 2.0 * scale, seed=1)

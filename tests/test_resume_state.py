@@ -27,25 +27,12 @@ from llm_gym.trainer.output import (  # noqa: E402
     write_checkpoint_marker,
 )
 
+from tests._tiny import tiny_train_argv  # noqa: E402
+
 
 def _args(tiny_dir, out: Path, *extra: str) -> list[str]:
     return [
-        "--env",
-        "Bandit",
-        "--model",
-        str(tiny_dir),
-        "--output_dir",
-        str(out),
-        "--num_eval_seeds",
-        "0",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "True",
+        *tiny_train_argv(tiny_dir, out, num_eval_seeds=0),
         # MI every 3 rounds with EMAs; records every 3 rounds: both restart at 0 if the state is lost
         "--mi_every",
         "3",

@@ -11,10 +11,9 @@ import llm_gym.trainer.grpo as grpo_module
 import numpy as np
 import pytest
 import torch
-from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.grpo import LLMGymGRPOTrainer
-from llm_gym.trainer.models import load_model_and_tokenizer
 from llm_gym.trainer.signals import SignalState, after_scoring, log_mi
+
+from tests._tiny import make_tiny_trainer, tiny_run_kwargs
 
 G = 2
 
@@ -50,35 +49,17 @@ class Spy:
 
 
 def make(tiny_dir, tmp_path, monkeypatch, reward, **overrides):
-    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
+    kwargs = tiny_run_kwargs(
+        tmp_path / "out",
         num_prompts=3,
         num_generations=G,
         per_device_train_batch_size=2,
-        max_completion_length=48,
-        max_new_tokens=6,
-        max_turns=2,
         max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
         learning_rate=1e-2,
-        seed=0,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
-        mi_every=0,
         mi_reasoning="turn",
     )
     kwargs.update(overrides)
-    tr = LLMGymGRPOTrainer(
-        model=model, args=LLMGymGRPOConfig(**kwargs), processing_class=tok, reward_funcs=[reward]
-    )
+    tr = make_tiny_trainer(tiny_dir, kwargs, reward_funcs=[reward])
     spy = Spy(tr)
     monkeypatch.setattr(grpo_module, "after_scoring", spy.after_scoring)
     return tr, spy

@@ -39,41 +39,22 @@ def test_image_trackers_and_png_to_array(tmp_path):
 
 
 def _train_two_steps(tiny_dir, out, report_to, **extra):
-    from llm_gym.trainer.config import LLMGymGRPOConfig
-    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
-    from llm_gym.trainer.models import load_model_and_tokenizer
+    from tests._tiny import make_tiny_trainer, tiny_run_kwargs
 
     def reward(prompts, completions, **_):  # every group has reward variance: the filter keeps them
         return [float(i % G) for i in range(len(prompts))]
 
-    model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
-    args = LLMGymGRPOConfig(
-        output_dir=str(out),
+    kwargs = tiny_run_kwargs(
+        out,
         report_to=report_to,
-        use_cpu=True,
-        bf16=False,
-        num_prompts=2,
         num_generations=G,
-        per_device_train_batch_size=4,
-        max_completion_length=48,
-        max_new_tokens=6,
-        max_turns=2,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        seed=0,
-        disable_tqdm=True,
-        env="FrozenLake",
-        num_eval_seeds=0,
-        episode_records="",
         mi_every=1,
         mi_num_samples=4,
         mi_reasoning="turn",
         filter_strategy="top_p",
         **extra,
     )
-    tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok, reward_funcs=[reward])
+    tr = make_tiny_trainer(tiny_dir, kwargs, reward_funcs=[reward])
     tr.train()
     return tr
 

@@ -8,12 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
+from llm_gym.trainer.config import EPISODES_FILE, LLMGymGRPOConfig  # noqa: E402
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer, train_seeds  # noqa: E402
 from llm_gym.trainer.rollouts import env_reward, seed_prompt  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from llm_gym.agent.records import read_records  # noqa: E402
+from tests._tiny import tiny_config_kwargs  # noqa: E402
 
 
 def length_reward(completions, **_):
@@ -24,8 +25,8 @@ def length_reward(completions, **_):
 def make_trainer(tiny_dir, tmp_path, env, **overrides):
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
+    kwargs = tiny_config_kwargs(
+        tmp_path / "out",
         env=env,
         num_prompts=2,
         num_generations=4,
@@ -33,18 +34,11 @@ def make_trainer(tiny_dir, tmp_path, env, **overrides):
         max_completion_length=256,
         max_new_tokens=24,
         max_steps=2,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
         learning_rate=1e-3,
         logging_steps=1,
-        num_eval_seeds=0,
-        disable_tqdm=True,
         filter_strategy="off",
-        mi_every=0,
         collapse_report="",
+        episode_records=EPISODES_FILE,  # the first test reads them
     )
     kwargs.update(overrides)
     args = LLMGymGRPOConfig(**kwargs)
