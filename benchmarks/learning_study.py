@@ -346,6 +346,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="held-out seeds for one environment instead of --num-eval-seeds (e.g. FrozenLake=32)",
     )
     p.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute activations in the update (slower; needed for multi-turn batches on a small-memory box)",
+    )
+    p.add_argument(
         "--merge", nargs="+", metavar="JSON", help="only merge earlier results files into one JSON/PNG/table"
     )
     a = p.parse_args(argv)
@@ -384,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common = [
         "--num_prompts", str(a.num_prompts), "--num_generations", str(a.num_generations),
         "--learning_rate", str(a.learning_rate), "--mi_every", "0", "--save_strategy", "no",
-        "--report_to", "none", "--disable_tqdm", "True", "--gradient_checkpointing", "False",
+        "--report_to", "none", "--disable_tqdm", "True", "--gradient_checkpointing", str(a.gradient_checkpointing),
     ]  # fmt: skip
     results: dict[str, Any] = {
         "command": "python benchmarks/learning_study.py "

@@ -155,3 +155,37 @@ def test_skipped_step_leaves_weights_bitwise_equal_and_stops_training(
     assert [h["snr/consecutive_empty"] for h in logs] == [1, 2]
     assert all(h.get("entropy") is None for h in logs)  # dummy-row loss metrics are dropped, not logged as 0
     assert "consecutive rounds had no group" in capsys.readouterr().out
+
+
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(tiny_dir, tmp_path, monkeypatch):
+    # 8 equal rewards of -0.1: TRL's float32 group mean misses them by an ulp, and dividing by std + 1e-4 made
+    # advantages of ~7e-5 that AdamW followed at full step size (a measured collapse towards invalid answers)
+    def reward(prompts, completions, **_):
+        return [-0.1 if i < 8 else float(i % 2) for i in range(len(prompts))]
+
+    tr, spy = make(
+        tiny_dir,
+        tmp_path,
+        monkeypatch,
+        reward,
+        num_prompts=2,
+        num_generations=8,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        filter_strategy="off",
+    )
+    tr.train()
+    adv = spy.before[0]["advantages"]
+    assert adv.shape == (16,)
+    assert torch.equal(adv[:8], torch.zeros(8))
+    assert adv[8:].abs().min() > 0.5
+
+
+def test_constant_group_rows():
+    from llm_gym.trainer.batch import constant_group_rows
+
+    nan = float("nan")
+    rewards = torch.tensor([-0.1] * 4 + [0, 1, 0, 1] + [nan] * 4 + [nan, 0.5, 0.5, nan] + [nan, 0, 1, nan])
+    got = constant_group_rows(rewards, 4).view(-1, 4)[:, 0].tolist()
+    assert got == [True, False, True, True, False]
+    assert constant_group_rows(rewards, 4).shape == (20,)

@@ -221,3 +221,19 @@ def episode_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor | None
     total = (r * w.to(r.device).unsqueeze(0)).nansum(dim=1)
     total[unscorable] = torch.nan
     return total
+
+
+def constant_group_rows(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: rows whose group's scorable rewards are all equal (or all unscorable).
+
+    ``rewards`` is the gathered (B,) episode reward in TRL's order (groups of ``group_size`` consecutive rows,
+    NaN for an unscorable sample). Such a group carries no signal, but TRL's float32 group mean of identical
+    values can miss them by an ulp, and dividing by ``std + 1e-4`` turns that into advantages of ~1e-4 that
+    AdamW then follows at full step size.
+    """
+    groups = rewards.detach().double().view(-1, group_size)
+    finite = ~torch.isnan(groups)
+    hi = torch.where(finite, groups, torch.full_like(groups, -torch.inf)).amax(dim=1)
+    lo = torch.where(finite, groups, torch.full_like(groups, torch.inf)).amin(dim=1)
+    constant = (hi == lo) | ~finite.any(dim=1)
+    return constant.repeat_interleave(group_size)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from llm_gym.trainer.batch import episode_rewards, loss_mask, split_micro_batches
+from llm_gym.trainer.batch import constant_group_rows, episode_rewards, loss_mask, split_micro_batches
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
@@ -189,6 +189,11 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * n
         local = rewards[start : start + n].to(self.accelerator.device)
         gathered = rewards.detach().cpu().double().numpy()
+        advantages = out.get("advantages")
+        if advantages is not None and advantages.dim() == 1:
+            # a group of equal rewards has no signal: exactly zero advantage, not TRL's float32 rounding noise
+            constant = constant_group_rows(rewards, self.num_generations)[start : start + n]
+            out["advantages"] = advantages.masked_fill(constant.to(advantages.device), 0.0)
         if self.args.advantages_after_filter:
             # RAGEN computes (and whitens) advantages on the rows the filter kept, copies included: the reward
             # rides along with its row through the filter
