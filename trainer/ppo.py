@@ -317,40 +317,38 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self._critic is not None:
-            self._save_critic(output_dir, state_dict)
-            return
-        if state_dict is not None:  # FSDP / DeepSpeed gathered the full state dict: take the head from it
-            head_sd = {k.rsplit("v_head.", 1)[1]: v for k, v in state_dict.items() if "v_head." in k}
-            state_dict = {k: v for k, v in state_dict.items() if "v_head." not in k}
+            self._save_beside(output_dir, state_dict, "critic.", self._critic, CRITIC_FILE, dtype=None)
         else:
-            head_sd = {}
-        super()._save(output_dir, state_dict=state_dict)
-        if not self.args.should_save:
-            return
-        from safetensors.torch import save_file
+            self._save_beside(
+                output_dir, state_dict, "v_head.", self._v_head, VALUE_HEAD_FILE, dtype=torch.float32
+            )
 
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not head_sd:
-            head_sd = self._v_head.state_dict()
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in head_sd.items()}
-        save_file(tensors, os.path.join(output_dir, VALUE_HEAD_FILE), metadata={"format": "pt"})
-
-    def _save_critic(self, output_dir: str | None, state_dict: dict | None) -> None:
+    def _save_beside(
+        self,
+        output_dir: str | None,
+        state_dict: dict | None,
+        prefix: str,
+        module: nn.Module,
+        filename: str,
+        dtype: torch.dtype | None,
+    ) -> None:
+        """Save the policy without ``module`` (the value head or the separate critic), then ``module`` to its own
+        safetensors file. Under FSDP / DeepSpeed ``state_dict`` is the gathered full state: take the module's
+        tensors from it; otherwise read them from the module."""
+        extra: dict = {}
         if state_dict is not None:
-            critic_sd = {k.split("critic.", 1)[1]: v for k, v in state_dict.items() if "critic." in k}
-            state_dict = {k: v for k, v in state_dict.items() if "critic." not in k}
-        else:
-            critic_sd = {}
+            extra = {k.rsplit(prefix, 1)[1]: v for k, v in state_dict.items() if prefix in k}
+            state_dict = {k: v for k, v in state_dict.items() if prefix not in k}
         super()._save(output_dir, state_dict=state_dict)
         if not self.args.should_save:
             return
         from safetensors.torch import save_file
 
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not critic_sd:
-            critic_sd = self._critic.state_dict()
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in critic_sd.items()}
-        save_file(tensors, os.path.join(output_dir, CRITIC_FILE), metadata={"format": "pt"})
+        if not extra:
+            extra = module.state_dict()
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in extra.items()}
+        save_file(tensors, os.path.join(output_dir, filename), metadata={"format": "pt"})
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
