@@ -8,18 +8,19 @@ generation budget: P seeds x G rollouts per step, every step) and each training 
 * evaluation of the untrained model and of each trained model on held-out seeds (disjoint from the training
   seeds ``train_seed..`` and from the pilot seeds), with Wilson 95% intervals; success among fully valid
   episodes is reported apart from the valid-answer rate;
-* the reference in the same run: the random valid-action policy on the same held-out seeds and limits
-  (``llm_gym.agent.baselines``) and the solver optimum.
+* the reference in the same run, on the same held-out seeds and limits (``llm_gym.agent.baselines``): the random
+  valid-action policy, every constant answer ("always Right": the template a collapsed model plays) and the
+  solver optimum.
 
 Writes ``learning_study.json`` (results), ``learning_study.png`` (curves with the baseline band) and a markdown
 table (``learning_study.md``), and prints for each run the after/baseline success ratio.
 
     OMP_NUM_THREADS=1 python benchmarks/learning_study.py --quick             # tiny random model, seconds
-    # what docs/learning-study.md reports (one invocation per environment, then merged):
-    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs Bandit --max-steps 5 --out-dir /tmp/b
-    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs FrozenLake --max-steps 5 --num-eval-seeds 32 \
-        --out-dir /tmp/f
-    python benchmarks/learning_study.py --merge /tmp/b/learning_study.json /tmp/f/learning_study.json
+    # what docs/learning-study.md reports: learning-rate pilots, then the study in two parallel lanes, merged
+    bash benchmarks/learning_study_protocol.sh /tmp/learning_study
+    # one piece of it by hand: FrozenLake, training seed 0, both conditions, 128 held-out seeds
+    OMP_NUM_THREADS=1 python benchmarks/learning_study.py --envs FrozenLake --train-seeds 0 --max-steps 6 \
+        --num-prompts 4 --num-generations 4 --micro-batch 4 --bf16 --learning-rate 1e-5 --out-dir /tmp/f
 
 ``--work-dir`` keeps the runs (records, final models); by default they go to a temporary folder.
 """
@@ -43,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _offline  # noqa: E402, F401  (offline, single-threaded; before torch)
 
 from llm_gym.agent.baselines import (  # noqa: E402
+    NoBaseline,
     baseline_success,
+    constant_action_success,
     episode_outcomes,
     format_outcomes,
     format_rate,
@@ -140,13 +143,19 @@ def split_records(records: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def held_out_eval(
-    model: str, setting: EnvSetting, seeds: Sequence[int], *, temperature: float = 0.5, batch_size: int = 32
+    model: str,
+    setting: EnvSetting,
+    seeds: Sequence[int],
+    *,
+    temperature: float = 0.5,
+    batch_size: int = 32,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Play ``seeds`` once each with ``model`` (sampling at ``temperature``, RAGEN's validation setting) in the
     chat format of llmgym-train's CPU runs (answer-only, one demonstration turn) and summarise.
 
-    Generation only, through :class:`HFPolicy`: TRL's ``evaluate`` would also compute a loss on every
-    evaluation batch, which costs as much again on CPU."""
+    Through :class:`HFPolicy`, outside the trainer: one code path and one sampling stream for the untrained and
+    every trained model. ``dtype="bfloat16"`` halves the cost on a CPU with bf16 instructions (AVX512-BF16, AMX)."""
     import torch
     from llm_gym.trainer.policies import HFPolicy, SamplingParams
 
@@ -159,7 +168,7 @@ def held_out_eval(
         SamplingParams(temperature, 1.0, setting.max_new_tokens),
         batch_size=batch_size,
         device="cpu",
-        dtype="float32",
+        dtype=dtype,
     )
     records = rollout(
         setting.env,
@@ -181,6 +190,7 @@ def run_once(
     common: Sequence[str],
     max_steps: int,
     eval_seeds: Sequence[int],
+    eval_dtype: str = "float32",
 ) -> dict[str, Any]:
     """One ``llmgym-train`` run (no in-training evaluation), then :func:`held_out_eval` of its final model;
     returns the training curve and the evaluation (raises on a failed run)."""
@@ -211,7 +221,7 @@ def run_once(
         raise RuntimeError(f"llmgym-train exited with {rc}: {shlex.join(argv)}")
     curve = split_records(read_records(run_dir / "episodes.jsonl"))
     t1 = time.perf_counter()
-    after = held_out_eval(str(run_dir / "final"), setting, eval_seeds)
+    after = held_out_eval(str(run_dir / "final"), setting, eval_seeds, dtype=eval_dtype)
     return {
         "condition": condition,
         "seed": seed,
@@ -228,6 +238,27 @@ def _fmt(s: dict[str, Any]) -> str:
     return format_rate(s, 2) if s["n"] else "- (n=0)"
 
 
+def constant_actions(setting: dict[str, Any], eval_seeds: Sequence[int]) -> dict[str, Any] | None:
+    """Success of every "always answer action a" policy on the held-out seeds (None for Bandit)."""
+    try:
+        return constant_action_success(
+            setting["env"],
+            eval_seeds,
+            {**setting["env_kwargs"], "think": False},
+            setting["max_turns"],
+            max_actions_per_turn=setting["max_actions_per_turn"],
+            max_actions=setting["max_actions"],
+        )
+    except NoBaseline:
+        return None
+
+
+def best_constant(env: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The constant-answer policy with the highest held-out success, as ``(action, rate)``."""
+    const = env.get("constant_actions")
+    return max(const.items(), key=lambda kv: kv[1]["rate"]) if const else None
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """One table per environment: the untrained model, then success, valid answers and success among valid
     answers after training, per run, against the random valid-action baseline on the same held-out seeds."""
@@ -237,11 +268,16 @@ def markdown_table(results: dict[str, Any]) -> str:
         ref = f"random valid-action policy {_fmt(b['random'])}" if b["random"] else "no random baseline"
         if b["optimum"]:
             ref += f"; solver optimum {_fmt(b['optimum'])}"
+        best = best_constant(env)
+        if best:
+            ref += (
+                f"; best constant answer (always `{best[0]}`, an input-independent template) {_fmt(best[1])}"
+            )
         out += [
             f"### {env_name}",
             "",
             f"`{st['env']}` with `{json.dumps(st['env_kwargs'])}`, {st['max_turns']} turn(s) x "
-            f"{st['max_actions_per_turn']} action, {st['max_new_tokens']} tokens per reply. Held-out seeds "
+            f"{st['max_actions_per_turn']} action, {st['max_new_tokens']} tokens per reply. Evaluation seeds "
             f"{env['eval_seeds'][0]}..{env['eval_seeds'][1]} ({env['num_eval_seeds']}). Reference on the same seeds "
             f"and limits: {ref}. Intervals: Wilson 95%.",
             "",
@@ -292,6 +328,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
             if key == "success" and env["baseline"]["random"]:
                 lo, hi = env["baseline"]["random"]["ci"]
                 ax.axhspan(lo, hi, color="grey", alpha=0.25, label="random valid actions (95% CI)")
+                best = best_constant(env)
+                if best:
+                    ax.axhline(
+                        best[1]["rate"], color="grey", ls=":", lw=1.2, label=f"always {best[0]} (template)"
+                    )
             if env.get("untrained"):
                 dot(ax, -0.3, env["untrained"][key], "black", "untrained model (held-out)")
             for k, r in enumerate(env["runs"]):
@@ -332,6 +373,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=2, help="P: seeds per step")
     p.add_argument("--num-generations", type=int, default=8, help="G: rollouts per seed")
     p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="rollouts per forward/backward pass (default: the whole round, P x G); the round is accumulated",
+    )
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast in training and bf16 evaluation (about 1.5-2x faster on a CPU with AVX512-BF16)",
+    )
+    p.add_argument(
+        "--skip-untrained",
+        action="store_true",
+        help="do not evaluate the untrained model (another invocation on the same seeds does; see --merge)",
+    )
     p.add_argument("--num-eval-seeds", type=int, default=128)
     p.add_argument("--eval-seed", type=int, default=HELD_OUT_SEED, help="first held-out evaluation seed")
     p.add_argument("--work-dir", default=None, help="where the runs go (default: a temporary folder)")
@@ -353,6 +410,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--merge", nargs="+", metavar="JSON", help="only merge earlier results files into one JSON/PNG/table"
     )
+    p.add_argument(
+        "--pick-lr",
+        nargs="+",
+        metavar="JSON",
+        help="only print the learning rate that the pilots (one results file per rate) choose; see pick_lr",
+    )
     a = p.parse_args(argv)
     a.md = a.md or str(Path(a.out_dir) / "learning_study.md")
     try:
@@ -366,11 +429,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise SystemExit(
             "need --max-steps >= 1, --num-eval-seeds >= 1, --num-prompts >= 1, --num-generations >= 2"
         )
+    rollouts = a.num_prompts * a.num_generations
+    a.micro_batch = rollouts if a.micro_batch is None else a.micro_batch
+    if a.micro_batch < 1 or rollouts % a.micro_batch:
+        raise SystemExit(f"--micro-batch must divide P x G = {rollouts}")
     return a
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
+    if a.pick_lr:
+        lr, table = pick_lr(a.pick_lr)
+        for row in table:
+            print(
+                f"[learning_study] pilot lr {row[0]:g}: pilot-seed success {row[1]:.3f}, training success {row[2]:.3f}"
+            )
+        print(f"{lr:g}")
+        return {"learning_rate": lr, "pilots": table}
     if a.merge:
         results = merge(a.merge)
         write_outputs(results, a)
@@ -390,7 +465,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--num_prompts", str(a.num_prompts), "--num_generations", str(a.num_generations),
         "--learning_rate", str(a.learning_rate), "--mi_every", "0", "--save_strategy", "no",
         "--report_to", "none", "--disable_tqdm", "True", "--gradient_checkpointing", str(a.gradient_checkpointing),
+        "--per_device_train_batch_size", str(a.micro_batch),
+        "--gradient_accumulation_steps", str(a.num_prompts * a.num_generations // a.micro_batch),
+        "--bf16", str(a.bf16),
     ]  # fmt: skip
+    eval_dtype = "bfloat16" if a.bf16 else "float32"
     results: dict[str, Any] = {
         "command": "python benchmarks/learning_study.py "
         + shlex.join(list(argv if argv is not None else sys.argv[1:])),
@@ -401,6 +480,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "num_prompts": a.num_prompts,
             "num_generations": a.num_generations,
             "learning_rate": a.learning_rate,
+            "bf16": a.bf16,
             "num_eval_seeds": a.num_eval_seeds,
             "first_eval_seed": a.eval_seed,
             "train_seeds": a.train_seeds,
@@ -427,23 +507,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "num_eval_seeds": n_eval,
             "eval_seeds": [eval_seeds[0], eval_seeds[-1]],
             "baseline": base,
+            "constant_actions": constant_actions(asdict(s), eval_seeds),
             "runs": [],
         }
         results["envs"][env_name] = env_res
-        t1 = time.perf_counter()
-        env_res["untrained"] = held_out_eval(model, s, eval_seeds)
-        env_res["untrained_eval_wall_seconds"] = round(time.perf_counter() - t1, 1)
         rb = base["random"]["rate"] if base["random"] else math.nan
-        print(
-            f"[learning_study] {env_name} untrained: {format_outcomes(env_res['untrained'])} "
-            f"(random valid {rb:.3f}), {env_res['untrained_eval_wall_seconds']:.0f}s",
-            flush=True,
-        )
+        if not a.skip_untrained:
+            t1 = time.perf_counter()
+            env_res["untrained"] = held_out_eval(model, s, eval_seeds, dtype=eval_dtype)
+            env_res["untrained_eval_wall_seconds"] = round(time.perf_counter() - t1, 1)
+            print(
+                f"[learning_study] {env_name} untrained: {format_outcomes(env_res['untrained'])} "
+                f"(random valid {rb:.3f}), {env_res['untrained_eval_wall_seconds']:.0f}s",
+                flush=True,
+            )
         # seeds outermost, so that a study cut short still has both conditions at equal numbers of seeds
         for seed in a.train_seeds:
             for cond in a.conditions:
                 r = run_once(s, cond, seed, model=model, out_dir=work, common=common, max_steps=a.max_steps,
-                             eval_seeds=eval_seeds)  # fmt: skip
+                             eval_seeds=eval_seeds, eval_dtype=eval_dtype)  # fmt: skip
                 env_res["runs"].append(r)
                 after = r["after"]["success"]["rate"]
                 print(
@@ -482,17 +564,87 @@ def write_outputs(results: dict[str, Any], a: argparse.Namespace) -> None:
     md.write_text(header(results) + markdown_table(results), encoding="utf-8")
 
 
+#: What two invocations must share for their runs of one environment to be merged into one table.
+SAME_STUDY = ("setting", "eval_seeds", "num_eval_seeds", "baseline")
+#: Settings that may differ between merged invocations (which seeds and conditions each one ran).
+PER_INVOCATION = ("train_seeds", "conditions")
+
+
+def pick_lr(paths: Sequence[str]) -> tuple[float, list[tuple[float, float, float]]]:
+    """The pilots' rule: among pilot results files (one run each, evaluated on the pilot seeds, never on the
+    held-out ones), the learning rate with the highest success after training; ties go to the higher mean
+    success of the training rounds, then to the smaller rate. Returns it and ``(lr, success, training success)``
+    per file."""
+    table, seen = [], set()
+    for p in paths:
+        res = json.loads(Path(p).read_text(encoding="utf-8"))
+        envs = res["envs"]
+        if len(envs) != 1 or len(next(iter(envs.values()))["runs"]) != 1:
+            raise SystemExit(f"{p}: a pilot results file holds one environment and one run")
+        ((name, env),) = envs.items()
+        (run,) = env["runs"]
+        if max(env["eval_seeds"]) >= HELD_OUT_SEED:
+            raise SystemExit(f"{p}: pilots must be evaluated below the held-out seeds ({HELD_OUT_SEED}..)")
+        seen.add((name, tuple(env["eval_seeds"]), res["settings"]["max_steps"]))
+        train = sum(c["success"] for c in run["curve"]) / max(1, len(run["curve"]))
+        table.append((float(res["settings"]["learning_rate"]), run["after"]["success"]["rate"], train))
+    if not table:
+        raise SystemExit("--pick-lr needs pilot results files")
+    if len(seen) != 1:
+        raise SystemExit(f"--pick-lr: the pilots differ in environment, pilot seeds or steps: {sorted(seen)}")
+    best = max(table, key=lambda t: (t[1], t[2], -t[0]))
+    return best[0], table
+
+
+def _shared_settings(settings: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (settings or {}).items() if k not in PER_INVOCATION}
+
+
 def merge(paths: Sequence[str]) -> dict[str, Any]:
-    """Results of several invocations (e.g. one per environment) as one: their environments side by side."""
+    """Results of several invocations as one: environments side by side, and the runs of one environment split
+    over invocations (e.g. one per training seed, run in parallel) joined, when they share the setting, the
+    held-out seeds and the training settings. The untrained model's evaluation is taken from the invocation
+    that ran it (two that both ran it must agree)."""
     merged: dict[str, Any] = {"sources": [], "envs": {}}
     for p in paths:
         res = json.loads(Path(p).read_text(encoding="utf-8"))
         for src in res.get("sources") or [res]:
             merged["sources"].append({k: src[k] for k in ("command", "date", "wall_seconds")})
         for name, env in res["envs"].items():
-            if name in merged["envs"]:
-                raise SystemExit(f"{p}: environment {name} is already in an earlier file")
-            merged["envs"][name] = {"settings": res.get("settings"), **env}
+            env = {"settings": res.get("settings"), **env}
+            have = merged["envs"].get(name)
+            if have is None:
+                merged["envs"][name] = env
+                continue
+            differ = [k for k in SAME_STUDY if have.get(k) != env.get(k)]
+            if _shared_settings(have["settings"]) != _shared_settings(env["settings"]):
+                differ.append("settings")
+            if differ:
+                raise SystemExit(
+                    f"{p}: {name} differs from an earlier file in {', '.join(differ)}; cannot merge"
+                )
+            if env.get("untrained") is not None:
+                if have.get("untrained") is not None and have["untrained"] != env["untrained"]:
+                    raise SystemExit(
+                        f"{p}: {name}: the untrained model's evaluation differs from an earlier file"
+                    )
+                have["untrained"] = env["untrained"]
+                have["untrained_eval_wall_seconds"] = env.get("untrained_eval_wall_seconds")
+            seen = {(r["seed"], r["condition"]) for r in have["runs"]}
+            twice = sorted(
+                f"{c} seed {sd}" for sd, c in seen & {(r["seed"], r["condition"]) for r in env["runs"]}
+            )
+            if twice:
+                raise SystemExit(f"{p}: {name}: runs already in an earlier file: {', '.join(twice)}")
+            have["runs"] = have["runs"] + env["runs"]
+            st = have["settings"] = dict(have["settings"])
+            st["train_seeds"] = sorted({*st["train_seeds"], *env["settings"]["train_seeds"]})
+            st["conditions"] = {**st["conditions"], **env["settings"]["conditions"]}
+    for env in merged["envs"].values():  # seeds outermost, as one invocation orders them
+        env["runs"].sort(key=lambda r: (r["seed"], r["condition"]))
+        if "constant_actions" not in env and env.get("setting", {}).get("env"):  # results of an older version
+            first, last = env["eval_seeds"]
+            env["constant_actions"] = constant_actions(env["setting"], range(first, last + 1))
     return merged
 
 

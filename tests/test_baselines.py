@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from llm_gym.agent.baselines import (
     NoBaseline,
     baseline_success,
+    constant_action_success,
     fits_limits,
     format_baseline,
     optimum_solves,
@@ -190,3 +191,45 @@ def test_llmgym_eval_reports_the_baseline_and_success_among_valid(tmp_path, caps
     expected = baseline_success("llmgym/Bandit-v0", range(123, 129), {})
     assert env["baseline"] == json.loads(json.dumps(expected))
     assert env["valid"]["n"] == 6 and env["success_given_valid"]["n"] == env["valid"]["successes"]
+
+
+def test_constant_action_policies_match_a_walk_by_hand():
+    """ "Always answer a": the walk from S in one direction on the seed's map (walls stop it, a hole ends it),
+    within 3 single-action turns; no constant policy beats the optimum; Bandit has none."""
+    kw = {"success_rate": 1.0, "size": 3}
+    got = constant_action_success("llmgym/CoordFrozenLake-v0", SEEDS, kw, 3, max_actions_per_turn=1)
+    assert list(got) == ["Left", "Down", "Right", "Up"]
+    step = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    env = make_env("llmgym/CoordFrozenLake-v0", kw)
+    for name, (dr, dc) in step.items():
+        wins = 0
+        for seed in SEEDS:
+            grid = env.reset(seed=seed)[1]["map"]
+            r, c = next((i, row.index("S")) for i, row in enumerate(grid) if "S" in row)
+            for _ in range(3):
+                if 0 <= r + dr < len(grid) and 0 <= c + dc < len(grid[0]):
+                    r, c = r + dr, c + dc
+                if grid[r][c] in "HG":
+                    break
+            wins += grid[r][c] == "G"
+        assert got[name]["successes"] == wins and got[name]["n"] == len(SEEDS)
+    optimum = baseline_success("llmgym/CoordFrozenLake-v0", SEEDS, kw, 3, max_actions_per_turn=1)["optimum"]
+    assert 0 < max(v["successes"] for v in got.values()) <= optimum["successes"]
+    with pytest.raises(NoBaseline):
+        constant_action_success("llmgym/Bandit-v0", SEEDS[:2])
+
+
+def test_constant_policy_fills_the_per_turn_limit_like_the_random_policy():
+    """With 2 actions a turn, "always Right" plays Right twice a turn: 1 turn of 2 equals 2 turns of 1."""
+    kw = {"success_rate": 1.0, "size": 3}
+    two = constant_action_success("llmgym/FrozenLake-v0", SEEDS, kw, 1, max_actions_per_turn=2, max_actions=2)
+    one = constant_action_success("llmgym/FrozenLake-v0", SEEDS, kw, 2, max_actions_per_turn=1, max_actions=2)
+    assert two == one and max(v["successes"] for v in two.values()) > 0
+    half = constant_action_success(
+        "llmgym/FrozenLake-v0", SEEDS, kw, 1, max_actions_per_turn=2, max_actions=2, actions_per_turn=1
+    )
+    assert all(h["successes"] <= t["successes"] for h, t in zip(half.values(), two.values()))
+    with pytest.raises(ValueError, match="per-turn limit"):
+        constant_action_success(
+            "llmgym/FrozenLake-v0", SEEDS[:1], kw, 1, max_actions_per_turn=2, actions_per_turn=3
+        )

@@ -56,12 +56,18 @@ def test_quick_mode_writes_results_plot_and_table(tmp_path):
             max_actions=s.max_actions,
         )
         assert env["baseline"] == json.loads(json.dumps(again))
+        if name == "Bandit":
+            assert env["constant_actions"] is None
+        else:  # the template bar: every constant answer, on the same seeds and limits
+            const = env["constant_actions"]
+            assert set(const) == {"Left", "Down", "Right", "Up"} and all(c["n"] == 4 for c in const.values())
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = md.read_text()
     assert (
         "| no_filter, seed 0, after 1 steps |" in text
         and "| untrained |" in text
         and "random valid-action policy" in text
+        and "best constant answer (always `" in text
         and "--quick" in text
     )
     assert res["wall_seconds"] > 0
@@ -88,5 +94,79 @@ def test_merge_puts_environments_side_by_side(tmp_path):
     m = study.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
     assert list(m["envs"]) == ["Bandit", "FrozenLake"] and [s["command"] for s in m["sources"]] == ["a", "b"]
     assert "Command: `a`" in study.header(m) and "Command: `b`" in study.header(m)
-    with pytest.raises(SystemExit, match="already"):
-        study.merge([str(tmp_path / "a.json"), str(tmp_path / "a.json")])
+
+
+def _run(seed, condition, rate):
+    ev = {"success": {"rate": rate, "n": 4, "ci": [0.0, 1.0]}}
+    return {"seed": seed, "condition": condition, "curve": [], "after": ev}
+
+
+def test_merge_joins_runs_of_one_environment_split_over_invocations(tmp_path):
+    """Two invocations of one study (one per training seed, run in parallel) become one table; the untrained
+    evaluation comes from the one that ran it; a different setting or the same run twice is refused."""
+    study = _load()
+    untrained = {"success": {"rate": 0.1, "n": 4, "ci": [0.0, 0.5]}}
+
+    def inv(name, seed, *, untrained_eval=None, lr=5e-5):
+        settings = {"max_steps": 2, "learning_rate": lr, "train_seeds": [seed], "conditions": {"off": []}}
+        env = {
+            "setting": {"env": "x"},
+            "eval_seeds": [1, 4],
+            "num_eval_seeds": 4,
+            "baseline": {"random": None},
+            "constant_actions": None,
+        }
+        env["runs"] = [_run(seed, "off", 0.25), _run(seed, "snr", 0.5)]
+        if untrained_eval is not None:
+            env["untrained"] = untrained_eval
+        res = {
+            "command": name,
+            "date": "d",
+            "wall_seconds": 1.0,
+            "settings": settings,
+            "envs": {"Bandit": env},
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(res))
+        return str(path)
+
+    first, second = inv("s1", 1), inv("s0", 0, untrained_eval=untrained)
+    m = study.merge([first, second])
+    env = m["envs"]["Bandit"]
+    assert [(r["seed"], r["condition"]) for r in env["runs"]] == [
+        (0, "off"),
+        (0, "snr"),
+        (1, "off"),
+        (1, "snr"),
+    ]
+    assert env["untrained"] == untrained and env["settings"]["train_seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match="already in an earlier file: off seed 1, snr seed 1"):
+        study.merge([first, first])
+    with pytest.raises(SystemExit, match="differs from an earlier file in settings"):
+        study.merge([first, inv("lr", 2, lr=1e-4)])
+
+
+def test_pick_lr_prefers_pilot_success_then_training_success_then_the_smaller_rate(tmp_path):
+    study = _load()
+
+    def pilot(lr, after, curve):
+        run = _run(0, "no_filter", after)
+        run["curve"] = [{"step": i, "success": c} for i, c in enumerate(curve)]
+        env = {"runs": [run], "eval_seeds": [5000, 5031]}
+        res = {"settings": {"learning_rate": lr, "max_steps": 4}, "envs": {"Bandit": env}}
+        path = tmp_path / f"{lr}.json"
+        path.write_text(json.dumps(res))
+        return str(path)
+
+    low, mid, high = pilot(1e-5, 0.25, [0.1]), pilot(5e-5, 0.5, [0.0]), pilot(2e-4, 0.5, [0.2])
+    assert study.pick_lr([low, mid, high])[0] == 2e-4  # tie on pilot success: better training rounds
+    assert study.pick_lr([low, mid])[0] == 5e-5
+    same = pilot(3e-4, 0.5, [0.2])
+    assert study.pick_lr([same, high])[0] == 2e-4  # full tie: the smaller rate
+    lr, table = study.pick_lr([low])
+    assert lr == 1e-5 and table == [(1e-5, 0.25, 0.1)]
+    held_out = json.loads(Path(low).read_text())
+    held_out["envs"]["Bandit"]["eval_seeds"] = [study.HELD_OUT_SEED, study.HELD_OUT_SEED + 31]
+    Path(low).write_text(json.dumps(held_out))
+    with pytest.raises(SystemExit, match="below the held-out seeds"):
+        study.pick_lr([low, mid])

@@ -189,3 +189,16 @@ def test_constant_group_rows():
     got = constant_group_rows(rewards, 4).view(-1, 4)[:, 0].tolist()
     assert got == [True, False, True, True, False]
     assert constant_group_rows(rewards, 4).shape == (20,)
+
+
+def test_evaluation_plays_episodes_without_a_loss_pass(tiny_dir, tmp_path, monkeypatch):
+    """evaluate() rolls out and logs the env metrics, but computes no policy loss (it has no meaning for a
+    sampled evaluation batch and would cost a forward pass per trajectory): no loss call, no eval_loss."""
+    tr, spy = make(
+        tiny_dir, tmp_path, monkeypatch, rewards_with_variance_in({0}), num_eval_seeds=4,
+        per_device_eval_batch_size=2,
+    )  # fmt: skip
+    metrics = tr.evaluate()
+    assert spy.loss_inputs == []
+    assert "eval_loss" not in metrics
+    assert 0.0 <= metrics["eval_env/success"] <= 1.0 and "eval_env/valid_action_rate" in metrics

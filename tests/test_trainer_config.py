@@ -76,3 +76,16 @@ def test_env_kwargs_and_limits(tmp_path):
 def test_bad_settings_raise_clear_errors(tmp_path, kw, message):
     with pytest.raises(ValueError, match=message):
         cfg(tmp_path, **kw)
+
+
+def test_best_model_and_plateau_go_by_eval_success_not_a_loss(tmp_path):
+    """Evaluation reports no loss, so transformers' default "loss" metric would fail at the first evaluation."""
+    keep = dict(eval_strategy="steps", save_strategy="steps", eval_steps=2, save_steps=2)
+    c = cfg(tmp_path, load_best_model_at_end=True, **keep)
+    assert c.metric_for_best_model == "env/success" and c.greater_is_better is True
+    c = cfg(tmp_path, lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="steps", eval_steps=2)
+    assert c.metric_for_best_model == "env/success"
+    assert cfg(tmp_path).metric_for_best_model is None  # nothing needs one
+    for metric in ("loss", "eval_loss"):
+        with pytest.raises(ValueError, match="reports no loss"):
+            cfg(tmp_path, metric_for_best_model=metric, **keep)

@@ -722,6 +722,17 @@ def _define_config() -> type:
                 )
             if self.max_completion_length is not None and self.max_completion_length < 8:
                 raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
+            # Evaluation plays episodes and reports no loss (LLMGymGRPOTrainer.prediction_step), so the best
+            # checkpoint or a plateau scheduler goes by evaluation success, not transformers' default "loss".
+            if str(self.metric_for_best_model or "").removeprefix("eval_") == "loss":
+                raise ValueError(
+                    "metric_for_best_model='loss': llm-gym evaluation plays episodes and reports no loss; use "
+                    "env/success (the default when load_best_model_at_end is set) or another eval_env/* metric"
+                )
+            scheduler = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+            needs_metric = self.load_best_model_at_end or scheduler in ("reduce_lr_on_plateau", "greedy")
+            if self.metric_for_best_model is None and needs_metric:
+                self.metric_for_best_model = "env/success"  # transformers then sets greater_is_better=True
             super().__post_init__()
             micro_batches = self.steps_per_generation * self.num_iterations
             if micro_batches % self.gradient_accumulation_steps:

@@ -226,6 +226,15 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         self.signal_state.empty_step = real is not None and index >= real
         return self._buffered_inputs[index]
 
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation plays the episodes (``_prepare_inputs`` rolls out, scores and logs them) and stops there.
+        TRL would also compute the policy loss of the evaluation batch: a number with no meaning in RL (the
+        advantages of one sampled batch) that costs one more forward pass over every whole trajectory. No
+        ``eval_loss`` is reported."""
+        with torch.no_grad():
+            self._prepare_inputs(inputs)
+        return None, None, None
+
     def _compute_loss(self, model, inputs):
         """TRL's loss, or with ``loss_agg_mode`` / ``dual_clip`` set, :func:`llm_gym.trainer.losses.policy_loss`:
         the clipped (dual-clipped) surrogate with the entropy bonus and KL aggregated like the policy term."""

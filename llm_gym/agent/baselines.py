@@ -305,6 +305,57 @@ def baseline_success(
     return {"random": random_part, "optimum": optimum, "reason": reason}
 
 
+def constant_action_success(
+    env_id: str,
+    seeds: Sequence[int],
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+    *,
+    max_actions_per_turn: int | None = None,
+    max_actions: int | None = None,
+    actions_per_turn: int | None = None,
+    z: float = 1.96,
+) -> dict[str, dict[str, Any]]:
+    """Success of each input-independent policy "answer action ``a`` every turn" on ``seeds`` under the same
+    limits, keyed by action name: what a model that collapsed to one template answer scores. A trained model
+    must beat the best of them (not only the random policy) before it can be said to read the state. Each turn
+    repeats the action ``actions_per_turn`` times (default: the env's per-turn limit, as the random policy).
+
+    Action environments only; raises :class:`NoBaseline` otherwise (a constant Bandit arm *position* or
+    Countdown expression has no fixed meaning across seeds)."""
+    from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+
+    env = make_env(env_id, _env_kwargs(env_kwargs, max_turns, max_actions_per_turn, max_actions))
+    try:
+        base = env.unwrapped
+        if _kind(base) != "actions":
+            raise NoBaseline(f"{type(base).__name__} has no fixed action names: no constant-action policy")
+        limit = int(base.max_actions_per_turn)
+        k = limit if actions_per_turn is None else int(actions_per_turn)
+        if not 1 <= k <= limit:
+            raise ValueError(f"actions_per_turn must be in [1, {limit}] (the env's per-turn limit), got {k}")
+        out = {}
+        for name in base.action_names:
+            reply = format_response(
+                [name] * k,
+                "",
+                use_think=bool(getattr(base, "think", False)),
+                sep=base.action_sep or ACTION_SEP,
+            )
+            wins = 0
+            for seed in seeds:
+                env.reset(seed=int(seed))
+                done, t, info = False, 0, {}
+                while not done and t < MAX_TURNS_GUARD:
+                    _, _, term, trunc, info = env.step(reply)
+                    done, t = term or trunc, t + 1
+                wins += bool(info.get("success", False))
+            out[str(name)] = rate_with_interval(wins, len(seeds), z)
+        return out
+    finally:
+        env.close()
+
+
 def format_baseline(b: Mapping[str, Any]) -> str:
     """``random valid 0.125 [0.050, 0.270], optimum 0.900 [...]`` for a summary line."""
     parts = []
@@ -320,6 +371,7 @@ def format_baseline(b: Mapping[str, Any]) -> str:
 __all__ = [
     "NoBaseline",
     "baseline_success",
+    "constant_action_success",
     "episode_outcomes",
     "evaluation_report",
     "format_outcomes",
