@@ -382,7 +382,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--bf16",
         action="store_true",
-        help="bf16 autocast in training and bf16 evaluation (about 1.5-2x faster on a CPU with AVX512-BF16)",
+        help="bf16 autocast in training and bf16 evaluation (on an AVX512-BF16 CPU: forward passes 2x faster, "
+        "a whole training step about 11%% faster)",
     )
     p.add_argument(
         "--skip-untrained",
