@@ -16,6 +16,8 @@ if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
 fi
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MPLBACKEND=Agg
+# the project's venv (scripts/setup.sh) unless PYTHON names another interpreter
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 PY=${PYTHON:-python}
 LS=(benchmarks/learning_study.py)
 BASE=(--num-prompts 4 --num-generations 4 --bf16)

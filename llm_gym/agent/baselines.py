@@ -15,7 +15,7 @@ Countdown, and 1 for Bandit (always pick the high-risk arm). It is ``None`` wher
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,6 +222,17 @@ def optimum_solves(env: Any, info: Mapping[str, Any]) -> bool | None:
 
 
 # ------------------------------------------------------------------------------------------------ runs
+def _play_out(env: Any, reply: Callable[[], str]) -> tuple[bool, int]:
+    """Step ``env`` (just reset) with ``reply()`` each turn until the episode ends; ``(success, turns)``."""
+    from llm_gym.agent.rollout import MAX_TURNS_GUARD
+
+    done, t, info = False, 0, {}
+    while not done and t < MAX_TURNS_GUARD:
+        _, _, term, trunc, info = env.step(reply())
+        done, t = term or trunc, t + 1
+    return bool(info.get("success", False)), t
+
+
 def _env_kwargs(
     env_kwargs: Mapping[str, Any] | None,
     max_turns: int | None,
@@ -261,7 +272,7 @@ def baseline_success(
     ``mean_turns``. Episode ``(seed, sample)`` draws from ``default_rng([rng_seed, seed, sample])``, so the
     result does not depend on the order or number of seeds asked for.
     """
-    from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+    from llm_gym.agent.rollout import make_env
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -281,17 +292,14 @@ def baseline_success(
                 if reason is not None:
                     continue
                 rng = np.random.default_rng([rng_seed, int(seed), sample])
-                done, t = False, 0
                 try:
-                    while not done and t < MAX_TURNS_GUARD:
-                        _, _, term, trunc, info = env.step(random_valid_policy(env, rng, actions_per_turn))
-                        done, t = term or trunc, t + 1
+                    won, t = _play_out(env, lambda r=rng: random_valid_policy(env, r, actions_per_turn))
                 except NoBaseline as e:
                     reason = str(e)
                     continue
                 episodes += 1
                 turns += t
-                wins += bool(info.get("success", False))
+                wins += won
     finally:
         env.close()
     random_part = None
@@ -323,7 +331,7 @@ def constant_action_success(
 
     Action environments only; raises :class:`NoBaseline` otherwise (a constant Bandit arm *position* or
     Countdown expression has no fixed meaning across seeds)."""
-    from llm_gym.agent.rollout import MAX_TURNS_GUARD, make_env
+    from llm_gym.agent.rollout import make_env
 
     env = make_env(env_id, _env_kwargs(env_kwargs, max_turns, max_actions_per_turn, max_actions))
     try:
@@ -345,11 +353,7 @@ def constant_action_success(
             wins = 0
             for seed in seeds:
                 env.reset(seed=int(seed))
-                done, t, info = False, 0, {}
-                while not done and t < MAX_TURNS_GUARD:
-                    _, _, term, trunc, info = env.step(reply)
-                    done, t = term or trunc, t + 1
-                wins += bool(info.get("success", False))
+                wins += _play_out(env, lambda r=reply: r)[0]
             out[str(name)] = rate_with_interval(wins, len(seeds), z)
         return out
     finally:
