@@ -13,12 +13,12 @@ from llm_gym.agent.export import (
     export_dataset,
     export_episodes,
     read_jsonl,
-    shortest_path,
     verify_rows,
     write_jsonl,
 )
 from llm_gym.cli import main
 from llm_gym.core.parsing import parse_response
+from llm_gym.envs.frozen_lake.solver import shortest_path
 
 FAMILIES = [
     "llmgym/Sokoban-v0",

@@ -169,12 +169,18 @@ def test_map_option_larger_than_size_is_refused():
         env.reset(seed=0, options={"map": ["SFFFF", "FFFFF", "FFFFF", "FFFFF", "FFFFG"]})
 
 
-def test_one_shortest_path_solver_for_export_and_baselines():
-    from llm_gym.agent import baselines, export
+def test_one_shortest_path_solver_for_the_optimum_and_the_expert():
+    from llm_gym.envs.frozen_lake import env as lake
     from llm_gym.envs.frozen_lake.solver import shortest_path
 
-    assert export.shortest_path is shortest_path  # the export's expert uses the env family's solver
+    assert lake.shortest_path is shortest_path  # the optimum and the expert use the family's one solver
     assert shortest_path(["FS", "HG"]) == ["Down"]  # from the S cell by default
     assert shortest_path(["SFF", "HHF", "GFF"]) == ["Right", "Right", "Down", "Down", "Left", "Left"]
-    assert baselines._frozen_lake_shortest(["SFF", "HHF", "GFF"]) == 6
-    assert baselines._frozen_lake_shortest(["SH", "HG"]) is None and shortest_path(["SH", "HG"]) is None
+    assert shortest_path(["SH", "HG"]) is None
+    env = gym.make("llmgym/FrozenLakeDeterministic-v0", max_turns=6, max_actions_per_turn=1).unwrapped
+    env.reset(seed=0)
+    assert env.optimum_solves({"map": ["SFF", "HHF", "GFF"]}) is True  # 6 moves in 6 one-move turns
+    assert env.optimum_solves({"map": ["SH", "HG"]}) is False
+    env.reset(seed=0, options={"map": ["SFF", "HHF", "GFF"]})
+    move = env.expert_move()
+    assert list(move.parts) == ["Right"] and "6 moves" in move.think

@@ -2,14 +2,14 @@
 
 A trained model's success only means something beside what chance reaches under the same seeds and limits. The
 random valid-action policy plays, every turn, a well-formed answer drawn uniformly at random from what the
-environment accepts (no reasoning): ``actions_per_turn`` uniform action names for action environments, a random
-arm for Bandit, a random expression over the given numbers for Countdown. For free-text answer environments
-(MetaMathQA) a random answer is meaningless and no baseline is given.
+environment accepts (no reasoning), as the env's :meth:`~llm_gym.core.TextEnv.sample_valid_action` draws it:
+``actions_per_turn`` uniform action names for action environments, or a random valid answer for the current state
+(a shown arm, an expression over the shown numbers). For free-text answer environments a random answer is
+meaningless and no baseline is given.
 
-The optimum is the share of seeds a perfect player solves within the turn and action limits: from the solver's
-optimal length for Sokoban, a breadth-first search for deterministic FrozenLake, the solvability of the puzzle for
-Countdown, and 1 for Bandit (always pick the high-risk arm). It is ``None`` where no exact optimum is known
-(slippery FrozenLake).
+The optimum is the share of seeds a perfect player solves within the turn and action limits, as the env's
+:meth:`~llm_gym.core.TextEnv.optimum_solves` decides it (from a solver's optimal length, a shortest path, the
+puzzle's solvability). It is ``None`` where no exact optimum is known (slippery FrozenLake, free-text answers).
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.core.env import fits_limits
 from llm_gym.core.parsing import ACTION_SEP, format_response
-from llm_gym.envs.frozen_lake.solver import shortest_path
-
-#: Countdown operators the random expression draws from.
-_OPS = ("+", "-", "*", "/")
 
 
 class NoBaseline(ValueError):
@@ -130,95 +127,29 @@ def evaluation_report(
 
 
 # ------------------------------------------------------------------------------------------------ policy
-def _kind(env: Any) -> str:
-    from llm_gym.envs.bandit import BanditEnv
-    from llm_gym.envs.countdown import CountdownEnv
-
-    if isinstance(env, BanditEnv):
-        return "bandit"
-    if isinstance(env, CountdownEnv):
-        return "countdown"
-    if getattr(env, "action_names", None):
-        return "actions"
-    return "free_text"
-
-
-def _random_expression(nums: Sequence[int], rng: np.random.Generator, allow_unused: bool) -> str:
-    """A random left-nested expression over ``nums`` (all of them, or a random non-empty subset)."""
-    order = [int(nums[i]) for i in rng.permutation(len(nums))]
-    if allow_unused and len(order) > 1:
-        order = order[: int(rng.integers(1, len(order) + 1))]
-    expr = str(order[0])
-    for i, x in enumerate(order[1:]):
-        op = _OPS[int(rng.integers(len(_OPS)))]
-        expr = f"({expr} {op} {x})" if i < len(order) - 2 else f"{expr} {op} {x}"
-    return expr
-
-
 def random_valid_policy(env: Any, rng: np.random.Generator, actions_per_turn: int | None = None) -> str:
-    """One random well-formed response for ``env``'s current state (``env`` may be wrapped).
+    """One random well-formed response for ``env``'s current state (``env`` may be wrapped), with empty reasoning.
 
-    Action environments: ``actions_per_turn`` (default: the env's per-turn limit) uniform action names. Bandit:
-    one of the two shown arms. Countdown: a random expression over the shown numbers. Raises
-    :class:`NoBaseline` for free-text answer environments. Draws only from ``rng``, never the env's RNG.
+    The env's :meth:`~llm_gym.core.TextEnv.sample_valid_action` with ``actions_per_turn`` (default: the env's
+    per-turn limit) actions; one-answer envs give one random valid answer. Raises :class:`NoBaseline` for
+    free-text answer environments. Draws only from ``rng``, never the env's RNG.
     """
     env = getattr(env, "unwrapped", env)
-    kind = _kind(env)
-    think = bool(getattr(env, "think", False))
-    if kind == "bandit":
-        arms = tuple(env.arms)
-        if not arms[0]:
-            raise ValueError("reset the Bandit env before asking for an action")
-        return format_response([arms[int(rng.integers(len(arms)))]], "", use_think=think)
-    if kind == "countdown":
-        if not env.nums:
-            raise ValueError("reset the Countdown env before asking for an action")
-        return format_response([_random_expression(env.nums, rng, env.allow_unused)], "", use_think=think)
-    if kind == "free_text":
+    if not callable(getattr(env, "sample_valid_action", None)):  # not an llm-gym env
         raise NoBaseline(f"{type(env).__name__} takes free-text answers; a random answer is meaningless")
-    limit = int(env.max_actions_per_turn)
-    k = limit if actions_per_turn is None else int(actions_per_turn)
-    if not 1 <= k <= limit:
-        raise ValueError(f"actions_per_turn must be in [1, {limit}] (the env's per-turn limit), got {k}")
-    names = env.action_names
-    acts = [names[int(i)] for i in rng.integers(0, len(names), size=k)]
-    return format_response(acts, "", use_think=think, sep=env.action_sep or ACTION_SEP)
+    k = int(env.max_actions_per_turn) if actions_per_turn is None else int(actions_per_turn)
+    try:
+        return env.sample_valid_action(rng, actions_per_turn=k, reasoning="")
+    except NotImplementedError as e:
+        raise NoBaseline(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------ optimum
-def _frozen_lake_shortest(desc: Sequence[str]) -> int | None:
-    """Moves from S to G avoiding holes (deterministic moves), or None."""
-    path = shortest_path(desc)
-    return None if path is None else len(path)
-
-
-def fits_limits(length: int | None, max_turns: int, max_actions_per_turn: int, max_actions: int) -> bool:
-    """Whether a plan of ``length`` actions fits the episode's action budget and turn limit."""
-    if length is None:
-        return False
-    return length <= max_actions and math.ceil(length / max_actions_per_turn) <= max_turns
-
-
 def optimum_solves(env: Any, info: Mapping[str, Any]) -> bool | None:
-    """Whether a perfect player solves the episode just reset (``info`` from ``reset``); None if unknown."""
-    from llm_gym.envs.frozen_lake import FrozenLakeEnv
-    from llm_gym.envs.sokoban import SokobanEnv
-
-    env = getattr(env, "unwrapped", env)
-    kind = _kind(env)
-    if kind == "bandit":
-        return True
-    if kind == "countdown":
-        return info.get("solution") is not None
-    limits = (int(env.max_turns), int(env.max_actions_per_turn), int(env.max_actions))
-    if isinstance(env, SokobanEnv):
-        length = info.get("optimal_length")
-        return fits_limits(length, *limits) if info.get("solver_status") == "solved" else None
-    if isinstance(env, FrozenLakeEnv):
-        if env.success_rate < 1.0:
-            return None  # slippery: no exact optimum without solving the MDP
-        return fits_limits(_frozen_lake_shortest(info["map"]), *limits)
-    return None
+    """Whether a perfect player solves the episode just reset (``info`` from ``reset``); None if unknown. The env's
+    :meth:`~llm_gym.core.TextEnv.optimum_solves` (``env`` may be wrapped)."""
+    hook = getattr(getattr(env, "unwrapped", env), "optimum_solves", None)
+    return hook(info) if callable(hook) else None
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -336,7 +267,7 @@ def constant_action_success(
     env = make_env(env_id, _env_kwargs(env_kwargs, max_turns, max_actions_per_turn, max_actions))
     try:
         base = env.unwrapped
-        if _kind(base) != "actions":
+        if not getattr(base, "action_names", None):
             raise NoBaseline(f"{type(base).__name__} has no fixed action names: no constant-action policy")
         limit = int(base.max_actions_per_turn)
         k = limit if actions_per_turn is None else int(actions_per_turn)

@@ -20,45 +20,12 @@ DEFAULT_SYSTEM_PROMPT = "You're a helpful assistant."
 #: ``ChatFormat.style`` values.
 CHAT_STYLES = ("llmgym", "ragen")
 
-# RAGEN's prompt text, reproduced verbatim because RAGEN-2's protocol is defined by it: the per-env instruction and
-# the "max words" hint (``max_tokens``) from RAGEN's ``config/envs.yaml`` (SimpleSokoban, CoordSokoban, FrozenLake,
-# CoordFrozenLake), symbol meanings and action names from ``ragen/env/{sokoban,frozen_lake}/config.py``; assembled
-# as in ``ragen/llm_agent/ctx_manager.py`` (``_init_prefix_lookup``, ``_build_system_content``,
-# ``_build_turn_state_content``, ``_build_infer_multi_turn_messages``).
-_SOKOBAN_TEXT = (
-    "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to targets. \n"
-    "When you are right next to a box, you can push it by moving in the same direction. \n"
-    "You cannot push a box through a wall, and you cannot pull a box. \n"
-    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
-)
-_COORD_SOKOBAN_TEXT = (
-    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
-    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and each "
-    "target. \nCoordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). \n"
-    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
-    "You cannot push a box through a wall, and you cannot pull a box.\n"
-    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
-)
-_FROZEN_LAKE_TEXT = (
-    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to the unintended "
-    "direction due to the slippery ice. Example answer format: <think>To forbid the hole and go to the target, I "
-    "should go left then go up.</think><answer>Left || Up</answer>"
-)
-_COORD_FROZEN_LAKE_TEXT = (
-    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and zero-indexed "
-    "coordinates for the start, goal, player, and any holes.\nCoordinates range from the top-left corner (0, 0) "
-    "to the bottom-right corner (5, 5).\nBeware that the ice is slippery, so the agent might slide and end up in "
-    "an unintended tile.\nRespond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
-)
-#: (instruction, max_tokens) per (family, observation_format).
-_RAGEN_TEXT = {
-    ("sokoban", "grid"): (_SOKOBAN_TEXT, 100),
-    ("sokoban", "grid_coord"): (_COORD_SOKOBAN_TEXT, 120),
-    ("frozen_lake", "grid"): (_FROZEN_LAKE_TEXT, 100),
-    ("frozen_lake", "grid_coord"): (_COORD_FROZEN_LAKE_TEXT, 120),
-}
-_SOKOBAN_ROLE_WORDS = ("wall", "empty", "target", "box on target", "box", "player", "player on target")
-_FROZEN_LAKE_LEGEND = "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal"
+# RAGEN's turn text, reproduced verbatim because RAGEN-2's protocol is defined by it, assembled as in
+# ``ragen/llm_agent/ctx_manager.py`` (``_init_prefix_lookup``, ``_build_system_content``,
+# ``_build_turn_state_content``, ``_build_infer_multi_turn_messages``). The per-env instruction, symbol legend and
+# "max words" hint come from the env (``TextEnv.ragen_prompt``); envs without them get RAGEN's layout with
+# ``env.instructions`` and this hint.
+_RAGEN_DEFAULT_MAX_TOKENS = 100
 _RAGEN_FORMAT = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
 _RAGEN_FORMAT_NO_THINK = "<answer> [your answer] </answer>"
 _RAGEN_WARNING = (
@@ -79,8 +46,9 @@ class ChatFormat:
         max_response_tokens: when set, the turn text asks the model to stay under this many tokens.
         one_shot: put one demonstration exchange (an example state and a well-formed answer) after the system
             message; small models (e.g. SmolLM2-135M) rarely follow the answer format without it.
-        style: ``"llmgym"`` (default, the fields above) or ``"ragen"``: RAGEN's exact text for Sokoban and
-            FrozenLake (system: its instruction, symbol legend and action list; each turn: state, actions left,
+        style: ``"llmgym"`` (default, the fields above) or ``"ragen"``: RAGEN's exact text for the envs that
+            have it (``TextEnv.ragen_prompt``: Sokoban and FrozenLake; system: its instruction, symbol legend and
+            action list; each turn: state, actions left,
             format and length hint; from turn 2 on, the user message opens with ``Reward:`` and the previous
             turn's game reward, format penalty excluded), and :attr:`generation_prefix` ``"<think>"``. The other
             fields are ignored in that style; other envs get RAGEN's layout with ``env.instructions``.
@@ -123,36 +91,23 @@ def _base(env: gym.Env) -> Any:
     return getattr(env, "unwrapped", env)
 
 
-def _family(base: Any) -> str | None:
-    module = type(base).__module__
-    for family in ("sokoban", "frozen_lake"):
-        if module.startswith(f"llm_gym.envs.{family}"):
-            return family
-    return None
+def _ragen_prompt(base: Any) -> Any:
+    hook = getattr(base, "ragen_prompt", None)
+    return hook() if callable(hook) else None
 
 
 def ragen_system_text(env: gym.Env) -> str:
     """RAGEN's system message for ``env`` (see :class:`ChatFormat` ``style="ragen"``)."""
     base = _base(env)
-    family, obs_format = _family(base), getattr(base, "observation_format", "grid")
-    text, _ = _RAGEN_TEXT.get((family, obs_format), (None, 0))
-    if text is None:
+    prompt = _ragen_prompt(base)
+    if prompt is None:
         return "You're a helpful assistant. " + str(getattr(base, "instructions", ""))
-    if obs_format == "grid":
-        if family == "sokoban":
-            legend = ", ".join(f"{base.vocab[r]}: {w}" for r, w in zip(_sokoban_roles(), _SOKOBAN_ROLE_WORDS))
-        else:
-            legend = _FROZEN_LAKE_LEGEND
-        text += "\nThe meaning of each symbol in the state is:\n" + legend
+    text = prompt.instruction
+    if prompt.legend:
+        text += "\nThe meaning of each symbol in the state is:\n" + prompt.legend
     text += "\nYour available actions are:\n" + ", ".join(base.action_names)
     text += f'\nYou can make up to {base.max_actions} actions, separated by the action separator " || "\n'
     return "You're a helpful assistant. " + text
-
-
-def _sokoban_roles() -> tuple[str, ...]:
-    from llm_gym.envs.sokoban.env import ROLES
-
-    return ROLES
 
 
 def ragen_turn_text(
@@ -160,7 +115,8 @@ def ragen_turn_text(
 ) -> str:
     """RAGEN's text for one turn (``_build_turn_state_content``), with the ``Reward:`` opening from turn 2."""
     base = _base(env)
-    _, max_tokens = _RAGEN_TEXT.get((_family(base), getattr(base, "observation_format", "grid")), (None, 100))
+    prompt = _ragen_prompt(base)
+    max_tokens = _RAGEN_DEFAULT_MAX_TOKENS if prompt is None else prompt.max_tokens
     head = ""
     warning = ""
     if prev_info is not None:

@@ -3,18 +3,10 @@
 Each row is one solved episode in the chat layout every llm-gym loop uses (:class:`~llm_gym.agent.chat.
 Conversation`: a system message with the instructions, then one user message per state and the expert's reply
 after it), so it can warm-start a policy with supervised fine-tuning (TRL ``SFTTrainer`` reads ``messages``) or
-serve as the chosen side of preference pairs. Experts, re-planned from the current state on every turn:
-
-* Sokoban: the breadth-first solver's optimal plan (fewest moves), ``max_actions_per_turn`` moves per turn.
-* FrozenLake: the shortest hole-free path (breadth-first search over the map). Deterministic variants take
-  ``max_actions_per_turn`` moves per turn and are optimal. On slippery ice no plan is sure to succeed: the
-  expert takes one move per turn while it has turns to spare (more only when it would run out), re-plans after
-  every slip, and only episodes that reach the goal are kept (slips come from the seeded env, so a kept episode
-  replays identically). Those rows are successful, not optimal in expectation.
-* Countdown: the reference expression the generator's exact solver found (``info["solution"]``).
-* MetaMathQA: the data set's gold answer, with the data set's worked solution as the reasoning.
-* Bandit: the arm with the highest expected payoff (``high_risk_prob * high_risk`` vs ``low_risk``); the
-  high-risk arm with the default rewards.
+serve as the chosen side of preference pairs. The expert is the env family's own
+(:meth:`~llm_gym.core.TextEnv.expert_move`, named by :attr:`~llm_gym.core.TextEnv.expert_name`), re-planned from
+the current state on every turn (a solver's optimal plan, a shortest safe path, a reference solution, a gold
+answer); each env's ``expert_move`` docstring says what its expert does.
 
 Episodes the expert cannot solve (no solution found within the solver's budget, a slip into a hole) are skipped
 and counted. Every row carries ``env_id``, ``seed``, ``env_kwargs`` (JSON text), ``llm_gym_version`` and the
@@ -25,7 +17,6 @@ that the episode ends in success.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +27,6 @@ import gymnasium as gym
 from llm_gym import _jsonl
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.core.parsing import ACTION_SEP, format_response
-from llm_gym.envs.frozen_lake.solver import shortest_path
 from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
 __all__ = [
@@ -51,89 +41,18 @@ __all__ = [
 
 #: Most messages replayed from one row (every llm-gym episode ends long before).
 MAX_ROW_MESSAGES = 2000
-#: Longest reasoning text copied from a data set's worked solution (MetaMathQA).
-MAX_THINK_CHARS = 4000
 
 
-@dataclass(frozen=True)
-class _Move:
-    think: str
-    parts: list[str]
-
-
-# ------------------------------------------------------------------------------------------------ experts
-def _sokoban(env: Any) -> _Move | None:
-    from llm_gym.envs.sokoban.solver import solve
-
-    result = solve(env.current_level(), max_states=env.solver_max_states or 200_000)
-    if not result.solved or len(result.plan) > env.actions_left:
-        return None
-    chunk = result.plan[: env.max_actions_per_turn]
-    think = (
-        f"The shortest solution from here takes {len(result.plan)} moves: {', '.join(result.plan)}. "
-        f"Next: {', '.join(chunk)}."
-    )
-    return _Move(think, chunk)
-
-
-def _frozen_lake(env: Any) -> _Move | None:
-    path = shortest_path(env.desc, tuple(env.player))
-    if not path or len(path) > env.actions_left:
-        return None
-    k = env.max_actions_per_turn
-    if env.success_rate < 1.0:
-        # Slippery: look at the result of each move unless the turns left cannot fit the path that way.
-        k = min(k, max(1, math.ceil(len(path) / max(1, env.turns_left))))
-    chunk = path[:k]
-    think = f"The shortest safe path to the goal from here is {len(path)} moves: {', '.join(path)}."
-    if env.success_rate < 1.0:
-        think += " The ice is slippery, so I re-plan after every turn."
-    return _Move(think, chunk)
-
-
-def _countdown(env: Any) -> _Move | None:
-    if not env.solution:
-        return None
-    return _Move(f"{env.solution} = {env.target}, using the numbers {env.nums}.", [env.solution])
-
-
-def _metamathqa(env: Any) -> _Move | None:
-    from llm_gym.envs.metamathqa.math_check import extract_gold
-
-    response = env.data[env.index].get("response", "")
-    think = ""
-    if isinstance(response, str) and extract_gold(response) is not None:
-        lower = response.lower()
-        think = response[: lower.rfind("the answer is")].strip()[-MAX_THINK_CHARS:]
-    return _Move(think, [env.gold])
-
-
-def _bandit(env: Any) -> _Move | None:
-    spec = env.reward_spec
-    high_ev = env.high_risk_prob * spec["high_risk"]
-    low_ev = spec["low_risk"]
-    best = env.high_arm if high_ev >= low_ev else env.low_arm
-    think = (
-        f"{env.high_arm} pays {spec['high_risk']:g} with probability {env.high_risk_prob:g} "
-        f"({high_ev:g} expected); {env.low_arm} pays {low_ev:g}. {best} has the higher expected payoff."
-    )
-    return _Move(think, [best])
-
-
-_EXPERTS = {
-    "SokobanEnv": ("bfs-solver", _sokoban),
-    "FrozenLakeEnv": ("bfs-shortest-path", _frozen_lake),
-    "CountdownEnv": ("reference-solution", _countdown),
-    "MetaMathQAEnv": ("gold-answer", _metamathqa),
-    "BanditEnv": ("expected-value", _bandit),
-}
-
-
-def _expert_for(env: gym.Env):
-    name = type(env.unwrapped).__name__
-    if name not in _EXPERTS:
-        raise ValueError(f"no expert for {name}; export supports {', '.join(sorted(_EXPERTS))}")
-    return _EXPERTS[name]
+def _expert_for(env: gym.Env) -> str:
+    """The name of ``env``'s expert policy, or ``ValueError`` when its family has none."""
+    base = env.unwrapped
+    name = getattr(base, "expert_name", None)
+    if not name:
+        raise ValueError(
+            f"no expert for {type(base).__name__}: export needs an env whose family implements "
+            "TextEnv.expert_move and sets expert_name"
+        )
+    return name
 
 
 # ------------------------------------------------------------------------------------------------- export
@@ -173,7 +92,7 @@ def export_episodes(
     env = make_env(env_id, env_kwargs)
     result = ExportResult()
     try:
-        expert_name, expert = _expert_for(env)
+        expert_name = _expert_for(env)
         base = env.unwrapped
         for seed in _seeds(seeds):
             obs, _ = env.reset(seed=seed)
@@ -181,7 +100,7 @@ def export_episodes(
             conv.add_observation(obs)
             total, done, info, why = 0.0, False, {}, ""
             while not done:
-                move = expert(base)
+                move = base.expert_move()
                 if move is None:
                     why = "the expert found no solution within the budget"
                     break

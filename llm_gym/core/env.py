@@ -2,12 +2,15 @@
 
 Subclasses implement the game through a handful of hooks (``_reset_game``, ``_apply_action``, ``_observation``,
 ``_is_terminated``, ``_is_success``, ``_rules``); the base class owns parsing, the turn and action limits, the
-format penalty, the ``info`` contract and rendering.
+format penalty, the ``info`` contract and rendering. A family also answers, through the public methods under
+"Family knowledge" below, what the rest of llm-gym asks of it (a random valid answer, the optimum, an expert
+move, RAGEN's prompt text), so that nothing outside its package needs to know which family it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -37,6 +40,37 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def fits_limits(length: int | None, max_turns: int, max_actions_per_turn: int, max_actions: int) -> bool:
+    """Whether a plan of ``length`` actions fits the episode's action budget and turn limit (``None``: no plan)."""
+    if length is None:
+        return False
+    return length <= max_actions and -(-length // max_actions_per_turn) <= max_turns
+
+
+@dataclass(frozen=True)
+class ExpertMove:
+    """One turn of a family's expert (:meth:`TextEnv.expert_move`): the reasoning shown inside ``<think>`` and the
+    answer parts (action names, or the one free-text answer)."""
+
+    think: str
+    parts: Sequence[str]
+
+
+@dataclass(frozen=True)
+class RagenPrompt:
+    """RAGEN's own prompt text for an env (:meth:`TextEnv.ragen_prompt`), used by ``ChatFormat(style="ragen")``.
+
+    Attributes:
+        instruction: RAGEN's per-env instruction, verbatim (``config/envs.yaml`` in RAGEN).
+        legend: the symbol meanings shown after it (``None``: no legend, as for RAGEN's coordinate envs).
+        max_tokens: the "Max response length: N words (tokens)" hint of every turn.
+    """
+
+    instruction: str
+    legend: str | None
+    max_tokens: int
+
+
 class TextEnv(gym.Env[str, str]):
     """Base class for multi-turn text environments driven by raw LLM responses.
 
@@ -62,6 +96,18 @@ class TextEnv(gym.Env[str, str]):
     drawn from ``seed``; afterwards ``np_random`` is reseeded from ``(seed, dynamics_seed)``, so rollouts that
     share ``seed`` start identically but draw their own transitions (FrozenLake slips, Bandit payouts), as
     RAGEN's group members do. The same ``seed`` and ``options`` still give the same episode.
+
+    Family knowledge: what the rest of llm-gym asks of an env goes through these methods, which a family
+    overrides in its own package (``agent/``, ``trainer/`` and the baselines never look at an env's class):
+
+    * :meth:`sample_valid_action`: a random well-formed answer (the random valid-action baseline). Default:
+      uniform picks from ``action_names`` (override ``_random_answer`` for state-dependent answers); free-text
+      envs without ``action_names`` raise ``NotImplementedError`` ("a random answer is meaningless").
+    * :meth:`optimum_solves`: whether a perfect player solves the episode just reset. Default ``None`` (unknown).
+    * :meth:`expert_move` with :attr:`expert_name`: the expert policy behind ``llmgym export``. Default: no
+      expert (``expert_name`` is ``None``; ``expert_move`` raises ``NotImplementedError``).
+    * :meth:`ragen_prompt`: RAGEN's own instruction and symbol legend for ``ChatFormat(style="ragen")``.
+      Default ``None``: the chat shows :attr:`instructions` in RAGEN's layout.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
@@ -79,6 +125,8 @@ class TextEnv(gym.Env[str, str]):
     #: Answer environments set this: using up ``max_turns`` is a game rule ("no answers left"), so the episode
     #: ends ``terminated`` rather than ``truncated`` (Gymnasium reserves truncation for time limits).
     turn_limit_terminates: ClassVar[bool] = False
+    #: Name of the family's expert policy (:meth:`expert_move`), stored in every exported row; ``None``: no expert.
+    expert_name: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -159,14 +207,53 @@ class TextEnv(gym.Env[str, str]):
             acts = ["..."]
         return format_response(acts, "...", use_think=self.think, sep=self.action_sep or ACTION_SEP)
 
-    def sample_valid_action(self, rng: np.random.Generator | None = None) -> str:
-        """A random well-formed response naming valid actions (for smoke tests; does not touch ``np_random``)."""
+    # -------------------------------------------------------------------------------- family knowledge
+    def sample_valid_action(
+        self,
+        rng: np.random.Generator | None = None,
+        *,
+        actions_per_turn: int | None = None,
+        reasoning: str = "random",
+    ) -> str:
+        """A random well-formed response for the current state: what the random valid-action policy answers.
+
+        Args:
+            rng: the generator to draw from (default: a fresh one); ``np_random`` is never touched, so asking
+                does not change the episode.
+            actions_per_turn: how many actions to name, in ``[1, max_actions_per_turn]`` (default: a random
+                count in that range); one-answer envs ignore it.
+            reasoning: the text inside ``<think>`` (when the env has ``think=True``).
+
+        Raises:
+            NotImplementedError: the env takes free-text answers, for which a random answer is meaningless.
+            ValueError: ``actions_per_turn`` is out of range, or the valid answers depend on a state that
+                ``reset`` has not set up yet.
+        """
         rng = rng if rng is not None else np.random.default_rng()
-        if not self.action_names:
-            raise NotImplementedError(f"{type(self).__name__} has no discrete actions to sample")
-        k = int(rng.integers(1, self.max_actions_per_turn + 1))
-        acts = [self.action_names[int(i)] for i in rng.integers(0, len(self.action_names), size=k)]
-        return format_response(acts, "random", use_think=self.think, sep=self.action_sep or ACTION_SEP)
+        if actions_per_turn is None:
+            actions_per_turn = int(rng.integers(1, self.max_actions_per_turn + 1))
+        parts = self._random_answer(rng, int(actions_per_turn))
+        return format_response(parts, reasoning, use_think=self.think, sep=self.action_sep or ACTION_SEP)
+
+    def optimum_solves(self, info: Mapping[str, Any]) -> bool | None:
+        """Whether a perfect player solves the episode just reset (``info``: what ``reset`` returned) within this
+        env's turn and action limits; ``None`` (the default) when no exact optimum is known."""
+        return None
+
+    def within_limits(self, length: int | None) -> bool:
+        """Whether a plan of ``length`` actions fits this env's action budget and turn limit (``None``: no plan)."""
+        return fits_limits(length, self.max_turns, self.max_actions_per_turn, self.max_actions)
+
+    def expert_move(self) -> ExpertMove | None:
+        """The family's expert for the current state: the next turn's answer, re-planned from here, or ``None``
+        when the expert cannot solve the episode from here (``llmgym export`` then skips the seed). Families with
+        an expert override it and set :attr:`expert_name`; the default raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert policy")
+
+    def ragen_prompt(self) -> RagenPrompt | None:
+        """RAGEN's own instruction, symbol legend and length hint for this env (``ChatFormat(style="ragen")``),
+        or ``None`` (the default): RAGEN has no text of its own for it, and the chat shows :attr:`instructions`."""
+        return None
 
     @property
     def turn(self) -> int:
@@ -332,6 +419,22 @@ class TextEnv(gym.Env[str, str]):
             return actions, None
         shown = ", ".join(repr(p) for p in invalid[:4])
         return actions, f"invalid actions skipped: {shown}; valid actions: {', '.join(self.action_names)}"
+
+    def _random_answer(self, rng: np.random.Generator, actions_per_turn: int) -> list[str]:
+        """The answer parts of a random valid answer (:meth:`sample_valid_action`): ``actions_per_turn`` uniform
+        picks from ``action_names``. Override for answers that depend on the state (a shown arm, a puzzle's
+        numbers); free-text envs keep this default, which raises ``NotImplementedError``."""
+        if not self.action_names:
+            raise NotImplementedError(
+                f"{type(self).__name__} takes free-text answers; a random answer is meaningless"
+            )
+        limit = self.max_actions_per_turn
+        if not 1 <= actions_per_turn <= limit:
+            raise ValueError(
+                f"actions_per_turn must be in [1, {limit}] (the env's per-turn limit), got {actions_per_turn}"
+            )
+        picks = rng.integers(0, len(self.action_names), size=actions_per_turn)
+        return [self.action_names[int(i)] for i in picks]
 
     def _apply_action(self, action: Any) -> tuple[dict[str, float], bool]:
         """Execute one action; return its reward components and whether it changed the state."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from llm_gym.core import ParsedResponse, RewardSpec, TextEnv, format_response
+from llm_gym.core import ExpertMove, ParsedResponse, RewardSpec, TextEnv, format_response
 
 #: (low-risk, high-risk) name pairs from RAGEN-2: the name hints at the arm's risk profile.
 TRAIN_PAIRS: tuple[tuple[str, str], ...] = (
@@ -108,6 +108,7 @@ class BanditEnv(TextEnv):
     )
     action_sep = None
     turn_limit_terminates = True
+    expert_name = "expected-value"
 
     def __init__(
         self,
@@ -194,10 +195,28 @@ class BanditEnv(TextEnv):
     def example_response(self) -> str:
         return format_response(["ArmName"], "...", use_think=self.think)
 
-    def sample_valid_action(self, rng: np.random.Generator | None = None) -> str:
-        rng = rng if rng is not None else np.random.default_rng()
-        arm = self.arms[int(rng.integers(2))] if self.arms[0] else "?"
-        return format_response([arm], "random", use_think=self.think)
+    # ------------------------------------------------------------------------------- family knowledge
+    def _random_answer(self, rng: np.random.Generator, actions_per_turn: int) -> list[str]:
+        # One of the two arms shown (one answer per turn, whatever actions_per_turn says).
+        if not self.arms[0]:
+            raise ValueError("reset the Bandit env before asking for an action")
+        return [self.arms[int(rng.integers(len(self.arms)))]]
+
+    def optimum_solves(self, info: Mapping[str, Any]) -> bool | None:
+        return True  # a perfect player always picks the high-risk arm
+
+    def expert_move(self) -> ExpertMove | None:
+        """The arm with the higher expected payoff (``high_risk_prob * high_risk`` vs ``low_risk``): the
+        high-risk arm with the default rewards."""
+        spec = self.reward_spec
+        high_ev = self.high_risk_prob * spec["high_risk"]
+        low_ev = spec["low_risk"]
+        best = self.high_arm if high_ev >= low_ev else self.low_arm
+        think = (
+            f"{self.high_arm} pays {spec['high_risk']:g} with probability {self.high_risk_prob:g} "
+            f"({high_ev:g} expected); {self.low_arm} pays {low_ev:g}. {best} has the higher expected payoff."
+        )
+        return ExpertMove(think, [best])
 
     def card(self) -> dict[str, str]:
         verdict = ""

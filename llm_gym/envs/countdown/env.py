@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from llm_gym.core import RewardSpec, TextEnv
+from llm_gym.core import ExpertMove, RewardSpec, TextEnv
 from llm_gym.envs.countdown.arith import (
     OPERATORS,
     PLUS_MINUS_MAX_NUMBERS,
@@ -46,6 +46,22 @@ RAGEN_DATA_SETTINGS = {"dataset": RAGEN_DATASET, "max_rows": 20_000, "operators"
 INDEX_MODES = ("random", "seed")
 # Row indices kept by (source, split, max_rows, operators): the filter reads every row once per process.
 _KEPT: dict[tuple, list[int]] = {}
+
+
+#: Operators a random answer (:meth:`CountdownEnv.sample_valid_action`) draws from.
+_RANDOM_OPS = ("+", "-", "*", "/")
+
+
+def random_expression(nums: Sequence[int], rng: np.random.Generator, allow_unused: bool) -> str:
+    """A random left-nested expression over ``nums`` (all of them, or a random non-empty subset)."""
+    order = [int(nums[i]) for i in rng.permutation(len(nums))]
+    if allow_unused and len(order) > 1:
+        order = order[: int(rng.integers(1, len(order) + 1))]
+    expr = str(order[0])
+    for i, x in enumerate(order[1:]):
+        op = _RANDOM_OPS[int(rng.integers(len(_RANDOM_OPS)))]
+        expr = f"({expr} {op} {x})" if i < len(order) - 2 else f"{expr} {op} {x}"
+    return expr
 
 
 def _int_pair(name: str, value: Any, low: int, high: int) -> tuple[int, int]:
@@ -255,6 +271,7 @@ class CountdownEnv(TextEnv):
     )
     action_names = None
     action_sep = None
+    expert_name = "reference-solution"
 
     def __init__(
         self,
@@ -459,6 +476,22 @@ class CountdownEnv(TextEnv):
             "answer_error": v.error if v is not None else None,
             "answer_value": format_number(v.value) if v is not None and v.value is not None else None,
         }
+
+    # ------------------------------------------------------------------------------- family knowledge
+    def _random_answer(self, rng: np.random.Generator, actions_per_turn: int) -> list[str]:
+        # A random expression over the shown numbers (one answer per turn, whatever actions_per_turn says).
+        if not self.nums:
+            raise ValueError("reset the Countdown env before asking for an action")
+        return [random_expression(self.nums, rng, self.allow_unused)]
+
+    def optimum_solves(self, info: Mapping[str, Any]) -> bool | None:
+        return info.get("solution") is not None
+
+    def expert_move(self) -> ExpertMove | None:
+        """The reference expression the exact solver found at reset (``info["solution"]``)."""
+        if not self.solution:
+            return None
+        return ExpertMove(f"{self.solution} = {self.target}, using the numbers {self.nums}.", [self.solution])
 
     def card(self) -> dict[str, str]:
         """The renderer's view: title, question, the last answer and its verdict."""

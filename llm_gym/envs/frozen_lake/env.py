@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from llm_gym.core import RewardSpec, TextEnv
+from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
+from llm_gym.envs.frozen_lake.solver import shortest_path
 
 # Gymnasium's action order: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS = ("Left", "Down", "Right", "Up")
@@ -18,6 +20,22 @@ _INDEX = {name: i for i, name in enumerate(ACTIONS)}
 MAX_SIZE = 64
 #: ``observation_style`` values: our coordinate text, or RAGEN's exact one.
 OBSERVATION_STYLES = ("llmgym", "ragen")
+
+# RAGEN's prompt text for FrozenLake, verbatim (RAGEN-2's protocol is defined by it): the instructions and "max
+# words" hints (``max_tokens``) of FrozenLake and CoordFrozenLake in RAGEN's ``config/envs.yaml``, and the symbol
+# meanings of ``ragen/env/frozen_lake/config.py``.
+_RAGEN_TEXT = (
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to the unintended "
+    "direction due to the slippery ice. Example answer format: <think>To forbid the hole and go to the target, I "
+    "should go left then go up.</think><answer>Left || Up</answer>"
+)
+_RAGEN_COORD_TEXT = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and zero-indexed "
+    "coordinates for the start, goal, player, and any holes.\nCoordinates range from the top-left corner (0, 0) "
+    "to the bottom-right corner (5, 5).\nBeware that the ice is slippery, so the agent might slide and end up in "
+    "an unintended tile.\nRespond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+)
+_RAGEN_LEGEND = "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal"
 
 
 def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 200) -> list[str]:
@@ -132,6 +150,7 @@ class FrozenLakeEnv(TextEnv):
         ("step", 0.0, "every executed action"),
     )
     action_names = ACTIONS
+    expert_name = "bfs-shortest-path"
 
     def __init__(
         self,
@@ -285,3 +304,34 @@ class FrozenLakeEnv(TextEnv):
 
     def _extra_info(self) -> dict[str, Any]:
         return {"player": self.player}
+
+    # ------------------------------------------------------------------------------- family knowledge
+    def optimum_solves(self, info: Mapping[str, Any]) -> bool | None:
+        if self.success_rate < 1.0:
+            return None  # slippery: no exact optimum without solving the MDP
+        path = shortest_path(info["map"])
+        return self.within_limits(None if path is None else len(path))
+
+    def expert_move(self) -> ExpertMove | None:
+        """The shortest hole-free path from here (breadth-first search over the map), ``max_actions_per_turn``
+        moves per turn: optimal when moves are deterministic. On slippery ice no plan is sure to succeed: the
+        expert takes one move per turn while it has turns to spare (more only when it would run out) and
+        re-plans after every slip; export keeps only the episodes that reach the goal (slips come from the
+        seeded env, so a kept episode replays identically), successful but not optimal in expectation."""
+        path = shortest_path(self.desc, tuple(self.player))
+        if not path or len(path) > self.actions_left:
+            return None
+        k = self.max_actions_per_turn
+        if self.success_rate < 1.0:
+            # Slippery: look at the result of each move unless the turns left cannot fit the path that way.
+            k = min(k, max(1, math.ceil(len(path) / max(1, self.turns_left))))
+        chunk = path[:k]
+        think = f"The shortest safe path to the goal from here is {len(path)} moves: {', '.join(path)}."
+        if self.success_rate < 1.0:
+            think += " The ice is slippery, so I re-plan after every turn."
+        return ExpertMove(think, chunk)
+
+    def ragen_prompt(self) -> RagenPrompt | None:
+        if self.observation_format == "grid":
+            return RagenPrompt(_RAGEN_TEXT, _RAGEN_LEGEND, 100)
+        return RagenPrompt(_RAGEN_COORD_TEXT, None, 120)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.assets import asset_path
-from llm_gym.core import AnyText, RewardSpec, TextEnv
+from llm_gym.core import AnyText, ExpertMove, RewardSpec, TextEnv
 from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
 from llm_gym.envs.metamathqa.math_verify_checker import math_verify_equivalent, require_math_verify
 from llm_gym.envs.task_data import load_records, pick_index
@@ -21,6 +21,8 @@ SAMPLE_PATH = asset_path("metamathqa_sample.jsonl")
 QUESTION_MAX_LENGTH = 16000
 #: Answer checkers: ours (default) and the opt-in math-verify package.
 CHECKERS = ("builtin", "math-verify")
+#: Longest reasoning the expert copies from an item's worked solution.
+MAX_THINK_CHARS = 4000
 CORRECT_TEXT = "Correct!"
 INCORRECT_TEXT = "Incorrect. Please think again."
 OFFLINE_HINT = (
@@ -82,6 +84,7 @@ class MetaMathQAEnv(TextEnv):
     action_names = None
     action_sep = None
     obs_max_length = QUESTION_MAX_LENGTH + 64
+    expert_name = "gold-answer"
 
     def __init__(
         self,
@@ -192,6 +195,15 @@ class MetaMathQAEnv(TextEnv):
 
     def _extra_info(self) -> dict[str, Any]:
         return {"attempts": self.attempts, "correct": self.last_correct}
+
+    def expert_move(self) -> ExpertMove | None:
+        """The data set's gold answer, with the item's worked solution (up to "The answer is") as the reasoning."""
+        response = self.data[self.index].get("response", "")
+        think = ""
+        if isinstance(response, str) and extract_gold(response) is not None:
+            lower = response.lower()
+            think = response[: lower.rfind("the answer is")].strip()[-MAX_THINK_CHARS:]
+        return ExpertMove(think, [self.gold])
 
     def card(self) -> dict[str, str]:
         """The renderer's view: title, question, the last answer and its verdict."""

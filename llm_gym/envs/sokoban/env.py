@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_gym.core import RewardSpec, TextEnv
+from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
 from llm_gym.envs.sokoban.generator import GeneratorConfig, generate_level
 from llm_gym.envs.sokoban.level import (
     LEVEL_MAX_SIDE,
@@ -60,6 +60,25 @@ def _resolve_vocab(vocab: str | Mapping[str, str]) -> dict[str, str]:
 
 #: ``observation_style`` values: our coordinate text, or RAGEN's exact one.
 OBSERVATION_STYLES = ("llmgym", "ragen")
+
+# RAGEN's prompt text for Sokoban, verbatim (RAGEN-2's protocol is defined by it): the instructions and "max
+# words" hints (``max_tokens``) of SimpleSokoban and CoordSokoban in RAGEN's ``config/envs.yaml``, and the symbol
+# meanings of ``ragen/env/sokoban/config.py`` (in ROLES order).
+_RAGEN_TEXT = (
+    "You are solving the Sokoban puzzle. \nYou are the player and you need to push all boxes to targets. \n"
+    "When you are right next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box. \n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
+)
+_RAGEN_COORD_TEXT = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
+    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and each "
+    "target. \nCoordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+)
+_RAGEN_ROLE_WORDS = ("wall", "empty", "target", "box on target", "box", "player", "player on target")
 
 
 def _cells(cells) -> str:
@@ -128,6 +147,7 @@ class SokobanEnv(TextEnv):
         ("solved", 10.0, "the move that puts the last box on a target"),
     )
     action_names = ACTIONS
+    expert_name = "bfs-solver"
 
     def __init__(
         self,
@@ -360,6 +380,32 @@ class SokobanEnv(TextEnv):
     def _extra_info(self) -> dict[str, Any]:
         goals = self._level.goals if self._level else frozenset()
         return {"player": self._player, "boxes_on_target": len(self._boxes & goals)}
+
+    # ------------------------------------------------------------------------------- family knowledge
+    def optimum_solves(self, info: Mapping[str, Any]) -> bool | None:
+        if info.get("solver_status") != "solved":
+            return None
+        return self.within_limits(info.get("optimal_length"))
+
+    def expert_move(self) -> ExpertMove | None:
+        """The breadth-first solver's optimal plan (fewest moves) from here, ``max_actions_per_turn`` moves per
+        turn; ``None`` when the solver finds no plan within its state budget or the plan does not fit the
+        actions left."""
+        result = solve(self.current_level(), max_states=self.solver_max_states or 200_000)
+        if not result.solved or len(result.plan) > self.actions_left:
+            return None
+        chunk = result.plan[: self.max_actions_per_turn]
+        think = (
+            f"The shortest solution from here takes {len(result.plan)} moves: {', '.join(result.plan)}. "
+            f"Next: {', '.join(chunk)}."
+        )
+        return ExpertMove(think, chunk)
+
+    def ragen_prompt(self) -> RagenPrompt | None:
+        if self.observation_format == "grid":
+            legend = ", ".join(f"{self.vocab[r]}: {w}" for r, w in zip(ROLES, _RAGEN_ROLE_WORDS))
+            return RagenPrompt(_RAGEN_TEXT, legend, 100)
+        return RagenPrompt(_RAGEN_COORD_TEXT, None, 120)
 
     # ------------------------------------------------------------------------------------- observation
     def _grid(self) -> str:
