@@ -18,7 +18,8 @@ NAMESPACE = "llmgym"
 
 @dataclass(frozen=True)
 class EnvEntry:
-    """One registered id: its entry point, default kwargs and a one-line description."""
+    """One registered id: its entry point, default kwargs and a one-line description (Markdown: it is the id's row
+    in the README's and the docs' id tables, which :func:`id_table` generates)."""
 
     id: str
     entry_point: str
@@ -36,36 +37,36 @@ ENVS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "llmgym/FrozenLake-v0",
         _FL,
-        "4x4 random lake, 90% frozen, 80% intended moves (RAGEN-2 FrozenLake tag)",
+        "4x4 random lake, 90% frozen, 80% intended moves (RAGEN-2 `FrozenLake` tag)",
     ),
     EnvEntry(
         "llmgym/FrozenLakeDeterministic-v0",
         _FL,
-        "4x4 random lake, moves always as intended (RAGEN-2 main-table setting)",
+        "4x4 random lake, moves always as intended (RAGEN-2 main-table setting, `success_rate=1.0`)",
         {"success_rate": 1.0},
     ),
     EnvEntry(
         "llmgym/FrozenLakeSlippery-v0",
         _FL,
-        "4x4 random lake, 80% frozen, 1/3 intended moves (RAGEN v1 / Gymnasium slippery)",
+        "4x4 random lake, 80% frozen, 1/3 intended moves (RAGEN v1 / Gymnasium's slippery lake)",
         {"p": 0.8, "success_rate": 1 / 3},
     ),
     EnvEntry(
         "llmgym/FrozenLake8x8-v0",
         _FL,
-        "8x8 random lake, 90% frozen, deterministic moves, 20 actions",
+        "8x8 random lake, 90% frozen, deterministic moves, 10 turns / 20 actions",
         {"size": 8, "success_rate": 1.0, "max_actions": 20, "max_turns": 10},
     ),
     EnvEntry(
         "llmgym/CoordFrozenLake-v0",
         _FL,
-        "FrozenLake-v0 with the coordinate + grid observation (RAGEN-2 CoordFrozenLake)",
+        "FrozenLake-v0 with a coordinate block before the grid (RAGEN-2 `CoordFrozenLake`)",
         {"observation_format": "grid_coord"},
     ),
     EnvEntry(
         "llmgym/CoordFrozenLakeDeterministic-v0",
         _FL,
-        "CoordFrozenLake with moves always as intended (RAGEN-2 main table: config/_3_frozen_lake.yaml)",
+        "CoordFrozenLake with moves always as intended (RAGEN-2 main table, `config/_3_frozen_lake.yaml`)",
         {"observation_format": "grid_coord", "success_rate": 1.0},
     ),
     EnvEntry(
@@ -74,42 +75,46 @@ ENVS: tuple[EnvEntry, ...] = (
         "CoordFrozenLakeDeterministic with RAGEN's exact coordinate text (RAGEN-2 main-table FrozenLake)",
         {"observation_format": "grid_coord", "observation_style": "ragen", "success_rate": 1.0},
     ),
-    EnvEntry("llmgym/Bandit-v0", _BANDIT, "two-armed symbolic bandit, arm pairs from RAGEN-2's train list"),
+    EnvEntry(
+        "llmgym/Bandit-v0", _BANDIT, "two-armed symbolic bandit, arm name pairs from RAGEN-2's train list"
+    ),
     EnvEntry(
         "llmgym/BanditHeldOut-v0",
         _BANDIT,
-        "two-armed bandit with RAGEN-2's held-out (test) arm pairs",
+        "the same bandit with RAGEN-2's held-out (test) name pairs",
         {"split": "test"},
     ),
-    EnvEntry("llmgym/Sokoban-v0", _SOKOBAN, "6x6 room, 1 box, generated and solvable (RAGEN SimpleSokoban)"),
+    EnvEntry(
+        "llmgym/Sokoban-v0", _SOKOBAN, "6x6 room, 1 box, generated and solvable (RAGEN `SimpleSokoban`)"
+    ),
     EnvEntry(
         "llmgym/SokobanLarge-v0",
         _SOKOBAN,
-        "8x8 room, 2 boxes (RAGEN LargerSokoban)",
+        "8x8 room, 2 boxes (RAGEN `LargerSokoban`)",
         {"dim_room": (8, 8), "num_boxes": 2},
     ),
     EnvEntry(
         "llmgym/SokobanNewVocab-v0",
         _SOKOBAN,
-        "6x6 room, 1 box, remapped symbols (RAGEN SokobanDifferentGridVocab)",
+        "6x6 room, 1 box, remapped symbols (RAGEN `SokobanDifferentGridVocab`)",
         {"vocab": "remapped"},
     ),
     EnvEntry(
         "llmgym/CoordSokoban-v0",
         _SOKOBAN,
-        "6x6 room, 1 box, coordinate + grid observation (RAGEN-2 CoordSokoban)",
+        "6x6 room, 1 box, coordinate + grid observation (RAGEN-2 `CoordSokoban`)",
         {"observation_format": "grid_coord"},
     ),
     EnvEntry(
         "llmgym/RagenSokoban-v0",
         _SOKOBAN,
-        "Sokoban-v0 with RAGEN's level generator (reverse-play DFS, search_depth 300; easier levels)",
+        "Sokoban-v0 with RAGEN's level generator (reverse-play DFS, `search_depth` 300; easier levels)",
         {"generator": "ragen", "search_depth": 300},
     ),
     EnvEntry(
         "llmgym/RagenCoordSokoban-v0",
         _SOKOBAN,
-        "CoordSokoban-v0 with RAGEN's level generator and exact coordinate text (RAGEN-2 CoordSokoban)",
+        "CoordSokoban-v0 with RAGEN's level generator and exact coordinate text (RAGEN-2 `CoordSokoban`)",
         {
             "generator": "ragen",
             "search_depth": 300,
@@ -120,30 +125,30 @@ ENVS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "llmgym/RagenSokobanLarge-v0",
         _SOKOBAN,
-        "8x8 room, 2 boxes, RAGEN's level generator with LargerSokoban's search_depth 10",
+        "8x8 room, 2 boxes, RAGEN's generator with `LargerSokoban`'s `search_depth` 10",
         {"dim_room": (8, 8), "num_boxes": 2, "generator": "ragen", "search_depth": 10},
     ),
     EnvEntry(
         "llmgym/RagenSokobanNewVocab-v0",
         _SOKOBAN,
-        "remapped symbols, RAGEN's level generator with SokobanDifferentGridVocab's search_depth 30",
+        "remapped symbols, RAGEN's generator with `SokobanDifferentGridVocab`'s `search_depth` 30",
         {"vocab": "remapped", "generator": "ragen", "search_depth": 30},
     ),
     EnvEntry(
         "llmgym/SokobanFile-v0",
         _SOKOBAN,
-        "levels read from an XSB file (`level_file=`), bundled sample by default",
+        "levels from an XSB file (`level_file=`), the bundled 36-level sample by default",
         {"level_file": "sample"},
     ),
     EnvEntry(
         "llmgym/Countdown-v0",
         _COUNTDOWN,
-        "reach the target with 3-4 numbers, each used once (RAGEN Countdown)",
+        "reach the target with 3-4 numbers, each used exactly once (RAGEN Countdown)",
     ),
     EnvEntry(
         "llmgym/Countdown4-v0",
         _COUNTDOWN,
-        "Countdown with always 4 numbers, each used once",
+        "Countdown with always 4 numbers",
         {"num_count": (4, 4)},
     ),
     EnvEntry(
@@ -155,7 +160,7 @@ ENVS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "llmgym/MetaMathQA-v0",
         _MATH,
-        "MetaMathQA question (HF meta-math/MetaMathQA), equivalence-checked answer, one attempt (RAGEN)",
+        "a MetaMathQA question (hub `meta-math/MetaMathQA` or a local file), one attempt (RAGEN)",
     ),
     EnvEntry(
         "llmgym/MetaMathQASample-v0",
@@ -166,7 +171,7 @@ ENVS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "llmgym/MetaMathQARetry-v0",
         _MATH,
-        "MetaMathQA with 3 attempts, reward 1, 0.5, 0.25 for a correct first, second, third answer (RAGEN-2 paper)",
+        "MetaMathQA with 3 attempts, reward 1, 0.5, 0.25 (RAGEN-2 paper's retry rule)",
         {"max_attempts": 3},
     ),
 )
@@ -211,6 +216,14 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.En
 def list_envs() -> list[str]:
     """All registered llm-gym ids, in table order."""
     return [e.id for e in ENVS]
+
+
+def id_table(entries: tuple[EnvEntry, ...] | None = None) -> str:
+    """The Markdown table of ids and descriptions (default: every id in :data:`ENVS`), as the README and the
+    docs show it (``scripts/gen_readme.py`` and the docs hook ``docs/hooks/id_table.py`` write it there)."""
+    rows = ["| id | what it is |", "|---|---|"]
+    rows += [f"| `{e.id}` | {e.description} |" for e in (ENVS if entries is None else entries)]
+    return "\n".join(rows)
 
 
 #: Seeds taken from untrusted input (records, exported rows, dataset rows): what ``numpy.random.default_rng``

@@ -27,11 +27,15 @@ FAMILY_PAGES = {
 }
 
 
-def _hook():
-    spec = importlib.util.spec_from_file_location("reward_tables", DOCS / "hooks" / "reward_tables.py")
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _hook():
+    return _load(DOCS / "hooks" / "reward_tables.py")
 
 
 def _local_links(text: str) -> list[str]:
@@ -43,10 +47,27 @@ def test_readme_fits_the_size_budget():
     assert len(README.encode("utf-8")) <= 15_360
 
 
+def test_readme_id_table_is_generated_from_the_code():
+    gen = _load(ROOT / "scripts" / "gen_readme.py")
+    assert gen.render(README) == README, "README.md's id table is stale: run python scripts/gen_readme.py"
+    assert gen.main(["--check"]) == 0
+    stale = README.replace("| `llmgym/Sokoban-v0` | 6x6", "| `llmgym/Sokoban-v0` | 7x7")
+    assert gen.render(stale) == README  # a hand edit inside the block is overwritten, so the check can fail
+
+
+def test_getting_started_id_table_is_generated_by_the_docs_hook():
+    page = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    assert "<!-- id-table -->" in page
+    expanded = _load(DOCS / "hooks" / "id_table.py").expand(page)
+    assert "<!-- id-table -->" not in expanded
+    assert llm_gym.registration.id_table() in expanded
+
+
 @pytest.mark.parametrize("env_id", llm_gym.list_envs())
 def test_every_id_is_in_the_environment_table(env_id):
-    assert f"| `{env_id}` |" in README
-    assert env_id in (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    entry = next(e for e in llm_gym.registration.ENVS if e.id == env_id)
+    assert f"| `{env_id}` | {entry.description} |" in README
+    assert f"| `{env_id}` | {entry.description} |" in llm_gym.registration.id_table()
 
 
 @pytest.mark.parametrize("env_id", llm_gym.list_envs())
