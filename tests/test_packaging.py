@@ -33,7 +33,7 @@ REQUESTED_TOP_LEVEL = {
     "README.md",
     "CONTRIBUTING.md",
 }
-ALLOWED_EXTRAS = {"docs", "benchmarks", "scripts", "requirements", ".ci", "mkdocs.yml"}
+ALLOWED_EXTRAS = {"docs", "benchmarks", "scripts", "requirements", ".ci", "mkdocs.yml", "setup.py"}
 #: Where the build maps each repository folder (pyproject ``[tool.setuptools] package-dir``).
 FOLDER_TO_PACKAGE = {"llm_gym": "llm_gym", "trainer": "llm_gym.trainer", "assets": "llm_gym.assets"}
 #: Folders whose Python files we own (scripts may be run from any of them).
@@ -49,6 +49,16 @@ def _pyproject() -> dict:
     except ModuleNotFoundError:  # Python 3.10
         tomllib = pytest.importorskip("tomli")
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _setup_packages() -> list[str]:
+    """The package list setup.py gives setuptools (discovered, not written out)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llmgym_setup", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # setup() itself runs only as __main__
+    return mod.packages()
 
 
 def _python_files() -> list[Path]:
@@ -142,14 +152,18 @@ def test_every_package_folder_is_built_and_every_script_points_into_our_namespac
     project = _pyproject()
     tool = project["tool"]["setuptools"]
     assert tool["package-dir"] == {package: folder for folder, package in FOLDER_TO_PACKAGE.items()}
-    listed = set(tool["packages"])
+    assert "packages" not in tool, (
+        "setup.py discovers the packages; a hand list in pyproject.toml would drift"
+    )
+    listed = _setup_packages()
     expected = set()
     for folder, package in FOLDER_TO_PACKAGE.items():
         for d in _package_dirs(folder):
             rel = d.relative_to(ROOT / folder).parts
             expected.add(".".join((package, *rel)))
-    assert expected <= listed, (
-        f"package folders missing from pyproject [tool.setuptools] packages: {sorted(expected - listed)}"
+    # Exactly the package folders, each once, all inside the llm_gym namespace (never a top-level trainer).
+    assert sorted(listed) == sorted(expected), (
+        f"setup.py packages {sorted(listed)} != folders {sorted(expected)}"
     )
     # A folder of Python files without __init__.py would be left out of the wheel silently.
     for folder in FOLDER_TO_PACKAGE:
@@ -236,7 +250,7 @@ def built(tmp_path_factory):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("llm_gym", "trainer", "assets"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     dist = tmp / "dist"
     # Offline and quick: the build backend (setuptools) comes from this environment, nothing from an index.

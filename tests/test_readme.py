@@ -18,20 +18,27 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Relative markdown links: [text](target) and ![alt](target), without a scheme.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
-FAMILY_PAGES = {
-    "llmgym/FrozenLake-v0": "envs/frozenlake.md",
-    "llmgym/Bandit-v0": "envs/bandit.md",
-    "llmgym/Sokoban-v0": "envs/sokoban.md",
-    "llmgym/Countdown-v0": "envs/countdown.md",
-    "llmgym/MetaMathQA-v0": "envs/metamathqa.md",
-}
-
 
 def _load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _family_page(env_id: str) -> str:
+    """``envs/<family>.md`` for an id, the rule the nav hook follows (``frozen_lake`` -> ``frozenlake.md``)."""
+    return _load(DOCS / "hooks" / "env_pages.py").family_page(gym.spec(env_id).entry_point.split(":")[0])
+
+
+#: Each family's first id and its docs page.
+FAMILY_PAGES = {
+    env_id: _family_page(env_id)
+    for env_id in dict.fromkeys(
+        next(e.id for e in llm_gym.registration.ENVS if e.entry_point == entry)
+        for entry in dict.fromkeys(e.entry_point for e in llm_gym.registration.ENVS)
+    )
+}
 
 
 def _hook():
@@ -72,9 +79,14 @@ def test_every_id_is_in_the_environment_table(env_id):
 
 @pytest.mark.parametrize("env_id", llm_gym.list_envs())
 def test_every_id_is_on_its_family_page(env_id):
-    package = gym.spec(env_id).entry_point.split(":")[0].split(".")[2]  # llm_gym.envs.<family>:Class
-    family = {"frozen_lake": "frozenlake"}.get(package, package)
-    assert env_id in (DOCS / "envs" / f"{family}.md").read_text(encoding="utf-8")
+    assert env_id in (DOCS / _family_page(env_id)).read_text(encoding="utf-8")
+
+
+def test_family_pages_are_derived_from_the_id_table():
+    assert FAMILY_PAGES["llmgym/FrozenLake-v0"] == "envs/frozenlake.md"
+    assert set(FAMILY_PAGES.values()) == {
+        p.relative_to(DOCS).as_posix() for p in (DOCS / "envs").glob("*.md")
+    }
 
 
 @pytest.mark.parametrize("env_id", sorted(FAMILY_PAGES))
@@ -126,10 +138,31 @@ def test_readme_links_resolve():
         assert (ROOT / target.split("#")[0]).is_file(), target
 
 
+def _built_nav() -> list[str]:
+    """Every page in the site's nav: mkdocs.yml's, with the family pages the nav hook adds."""
+    yaml = pytest.importorskip("yaml")
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    nav = _load(DOCS / "hooks" / "env_pages.py").with_env_pages(nav, DOCS)
+
+    def pages(items):
+        for item in items:
+            values = item.values() if isinstance(item, dict) else [item]
+            for v in values:
+                yield from pages(v) if isinstance(v, list) else [v]
+
+    return list(pages(nav))
+
+
+def test_nav_hook_adds_each_family_page_once_in_id_table_order():
+    nav = _built_nav()
+    family = [p for p in nav if p.startswith("envs/")]
+    assert family == list(dict.fromkeys(FAMILY_PAGES.values()))  # FrozenLake first, as in ENVS
+    assert len(nav) == len(set(nav))
+
+
 @pytest.mark.parametrize("page", sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")))
 def test_docs_page_is_in_the_nav_and_its_links_resolve(page):
-    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    assert re.search(rf":\s*{re.escape(page)}\s*$", nav, flags=re.M), f"{page} is not in mkdocs.yml nav"
+    assert page in _built_nav(), f"{page} is not in mkdocs.yml nav (family pages: docs/envs/<family>.md)"
     text = (DOCS / page).read_text(encoding="utf-8")
     for target in _local_links(text):
         path = target.split("#")[0]
