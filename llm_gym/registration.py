@@ -287,11 +287,22 @@ def resolve_env_id(name: str) -> str:
         full = env_id.split("/", 1)[1]
         if _norm(bare) in (_norm(full), _norm(full.rsplit("-v", 1)[0])):
             return env_id
-    short_names = list(dict.fromkeys(e.split("/", 1)[1].rsplit("-v", 1)[0] for e in list_envs()))
+    short_names = list(dict.fromkeys(_short_name(e) for e in list_envs()))
+    # One line: the suggestion first, then one name per family rather than every id (list_envs() has them all).
+    first_of_family: dict[str, str] = {}
+    for entry in ENVS:
+        first_of_family.setdefault(entry.entry_point, _short_name(entry.id))
+    families = ", ".join(first_of_family.values())
     raise ValueError(
-        f"unknown environment {name!r}{_did_you_mean(bare, short_names)}; choose from the short names "
-        f"({', '.join(short_names)}) or a registered id (known: {', '.join(list_envs())})"
+        f"unknown environment {name!r}{_did_you_mean(bare, short_names)}; choose a short name such as "
+        f"{families} (or one of their variants: {len(ENVS)} ids in llm_gym.list_envs()) "
+        "or a registered Gymnasium id"
     )
+
+
+def _short_name(env_id: str) -> str:
+    """``llmgym/Sokoban-v0`` -> ``Sokoban``."""
+    return env_id.split("/", 1)[1].rsplit("-v", 1)[0]
 
 
 def _did_you_mean(name: str, short_names: list[str]) -> str:

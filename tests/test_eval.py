@@ -74,7 +74,7 @@ def test_resolve_env_id():
     assert resolve_env_id("sokoban") == "llmgym/Sokoban-v0"
     assert resolve_env_id("llmgym/Bandit-v0") == "llmgym/Bandit-v0"
     assert resolve_env_id("FrozenLake8x8-v0") == "llmgym/FrozenLake8x8-v0"
-    with pytest.raises(ValueError, match="choose from"):
+    with pytest.raises(ValueError, match="choose a short name such as FrozenLake"):
         resolve_env_id("Pong")
 
 

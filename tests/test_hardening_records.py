@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.agent.records import EpisodeRecord, RecordError, read_records, write_records
-from llm_gym.render.replay import record_episode, replay_env_args, replay_episode, verify_episode
+from llm_gym.agent.records import EpisodeRecord, RecordError, read_records, record_episode, write_records
+from llm_gym.render.replay import replay_env_args, replay_episode, verify_episode
 
 GOOD = {"env_id": "llmgym/FrozenLakeDeterministic-v0", "seed": 3, "initial_observation": "x", "turns": []}
 

@@ -9,11 +9,13 @@ import pytest
 pytest.importorskip("pygame")
 pytest.importorskip("imageio")
 
-from llm_gym.agent.records import write_records  # noqa: E402
+from llm_gym.agent.records import (
+    record_episode,  # noqa: E402
+    write_records,  # noqa: E402
+)
 from llm_gym.cli import main  # noqa: E402
 from llm_gym.render.export import export_episode, write_video  # noqa: E402
 from llm_gym.render.panel import REASONING_MAX_CHARS, draw_caption, turn_view  # noqa: E402
-from llm_gym.render.replay import record_episode  # noqa: E402
 
 LAKE = "llmgym/FrozenLakeDeterministic-v0"
 

@@ -84,10 +84,10 @@ def test_from_reset_is_the_one_record_builder():
 
 def test_every_record_site_builds_the_same_record():
     # Agent rollout, play and replay's record_episode must agree on everything but their own meta.
+    from llm_gym.agent.records import record_episode
     from llm_gym.agent.rollout import rollout
     from llm_gym.core import format_response
     from llm_gym.render.play import PlaySession
-    from llm_gym.render.replay import record_episode
 
     env_id, seed, moves = "llmgym/FrozenLakeDeterministic-v0", 3, ["Right", "Down"]
     kwargs = {"max_turns": 2}  # the episode ends after the two scripted responses

@@ -36,3 +36,15 @@ def test_torch_is_not_imported():
     code = "import sys, gymnasium as gym, llm_gym; gym.make('llmgym/Bandit-v0').reset(seed=0); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_unknown_env_error_is_short_and_leads_with_the_suggestion():
+    from llm_gym.registration import resolve_env_id
+
+    with pytest.raises(ValueError) as info:
+        resolve_env_id("Sokobn")
+    text = str(info.value)
+    assert text.startswith("unknown environment 'Sokobn' (did you mean 'Sokoban'")
+    assert len(text) < 300 and "llmgym/" not in text  # one name per family, not all 24 ids twice
+    for family in ("FrozenLake", "Bandit", "Sokoban", "Countdown", "MetaMathQA"):
+        assert family in text

@@ -8,15 +8,9 @@ import numpy as np
 import pytest
 
 import llm_gym
-from llm_gym.agent.records import read_records, write_records
+from llm_gym.agent.records import read_records, record_episode, write_records
 from llm_gym.core import format_response, parse_response
-from llm_gym.render.replay import (
-    Mismatch,
-    ReplayMismatchError,
-    record_episode,
-    replay_episode,
-    verify_episode,
-)
+from llm_gym.render.replay import Mismatch, ReplayMismatchError, replay_episode, verify_episode
 from llm_gym.render.theme import COLORS
 
 
@@ -111,7 +105,14 @@ def test_unknown_env_id_is_a_clear_error():
 
 
 def test_demo_episode_is_a_solved_replayable_record():
-    from llm_gym.render.demo import demo_record, reasoning
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "readme_demo.py"
+    spec = importlib.util.spec_from_file_location("readme_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    demo_record, reasoning = demo.demo_record, demo.reasoning
 
     rec = demo_record(seed=5)
     assert rec.success and rec.turns[-1].terminated

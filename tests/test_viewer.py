@@ -6,8 +6,8 @@ import numpy as np
 import pygame
 import pytest
 
+from llm_gym.agent.records import record_episode
 from llm_gym.core import format_response
-from llm_gym.render.replay import record_episode
 from llm_gym.render.theme import COLORS
 from llm_gym.render.viewer import EpisodeFrames, ViewerState, draw_viewer, load_episode, run_viewer
 

@@ -8,7 +8,7 @@ from llm_gym.agent.chat import (
     system_message,
     turn_text,
 )
-from llm_gym.agent.records import EpisodeRecord, TurnRecord, read_records, write_records
+from llm_gym.agent.records import EpisodeRecord, TurnRecord, read_records, record_episode, write_records
 from llm_gym.agent.rollout import Policy, episode_metrics, group_seeds, rollout
 from llm_gym.registration import make_env
 
@@ -24,6 +24,7 @@ __all__ = [
     "group_seeds",
     "make_env",
     "read_records",
+    "record_episode",
     "rollout",
     "system_message",
     "turn_text",

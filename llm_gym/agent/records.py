@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym._jsonl import JsonlError, decode_json, iter_lines
-from llm_gym.registration import check_seed, short_repr
+from llm_gym.registration import check_seed, make_env, short_repr
 
 FORMAT_VERSION = 1
 
@@ -380,3 +380,31 @@ def read_records(path: str | Path, *, on_torn: Callable[[str], None] | None = No
     """All records in a JSONL file; a malformed line raises ``ValueError`` naming the line (a torn last line
     is skipped and reported, see :func:`iter_records`)."""
     return list(iter_records(path, on_torn=on_torn))
+
+
+def record_episode(
+    env_id: str,
+    responses: Iterable[str],
+    *,
+    seed: int | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    reset_options: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> EpisodeRecord:
+    """Play ``responses`` in a fresh ``env_id`` and return the episode as a record (stops when it ends)."""
+    kwargs = dict(env_kwargs or {})
+    env = make_env(env_id, kwargs)
+    try:
+        options = dict(reset_options) if reset_options is not None else None
+        obs, _ = env.reset(seed=seed, options=options)
+        record = EpisodeRecord.from_reset(
+            env, env_id, seed, obs, env_kwargs=kwargs, reset_options=options, meta=meta
+        )
+        for response in responses:
+            obs, reward, terminated, truncated, info = env.step(response)
+            record.turns.append(TurnRecord.from_step(response, obs, reward, terminated, truncated, info))
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+    return record

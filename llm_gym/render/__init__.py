@@ -7,40 +7,15 @@ array drawn on an off-screen Surface and never touches a display; ``show_frame``
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llm_gym.render.backend import INSTALL_HINT, require_pygame
+
 if TYPE_CHECKING:
     from llm_gym.render.window import Window
-
-INSTALL_HINT = 'pygame is not installed; run `pip install "llm-gym[render]"`'
-
-#: Called whenever ``pygame.font`` is (re)initialised: Font objects from before a ``pygame.quit()`` are dead
-#: and using one crashes the interpreter, so caches of them register their ``clear`` here.
-_ON_FONT_INIT: list[Callable[[], None]] = []
-
-
-def require_pygame():
-    """Import pygame (and initialise its font module), or raise ``DependencyNotInstalled`` with an install hint.
-
-    Only ``pygame.font`` is initialised: never the display, so ``rgb_array`` rendering works headless."""
-    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
-    try:
-        import pygame
-    except ImportError as e:
-        from gymnasium.error import DependencyNotInstalled
-
-        raise DependencyNotInstalled(INSTALL_HINT) from e
-    if not pygame.font.get_init():
-        pygame.font.init()
-        for clear in _ON_FONT_INIT:
-            clear()
-    return pygame
-
 
 _scratch = threading.local()
 

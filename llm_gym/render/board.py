@@ -85,7 +85,7 @@ def layout_from_lake(desc: Sequence[str], player: tuple[int, int]) -> BoardLayou
 @lru_cache(maxsize=64)
 def static_layer(bases: tuple[tuple[str, ...], ...], cell: int):
     """The background of a board (cached: it does not change within an episode)."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pygame = require_pygame()
     n_rows, n_cols = len(bases), len(bases[0])

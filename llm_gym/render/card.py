@@ -25,7 +25,7 @@ def verdict_color(verdict: str) -> Color:
 
 
 def _frame(title: str, size: tuple[int, int]):
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     w, h = size

@@ -96,7 +96,7 @@ def draw_caption(view: TurnView, size: tuple[int, int], *, scroll: int = 0, font
 
     Returns ``(surface, max_scroll)``: ``scroll`` skips that many reasoning lines (clamped), ``max_scroll`` is
     how many lines are hidden below when ``scroll`` is 0 (0 when all the reasoning fits)."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     w, h = size
@@ -146,7 +146,7 @@ def draw_caption(view: TurnView, size: tuple[int, int], *, scroll: int = 0, font
 
 def compose(board, caption):
     """``board`` and ``caption`` side by side on one Surface (height of the taller, board vertically centred)."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     bw, bh = board.get_size()

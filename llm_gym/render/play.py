@@ -136,7 +136,7 @@ class PlaySession:
 
 def draw_play(session: PlaySession, size: tuple[int, int] = PLAY_SIZE):
     """The play screen for ``session`` as a Surface (no display needed)."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
     from llm_gym.render.scene import draw_env
 
     pg = require_pygame()

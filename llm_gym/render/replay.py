@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -358,31 +358,3 @@ def verify_episode(record: EpisodeRecord, *, env_kwargs: Mapping[str, Any] | Non
     """The first disagreement between ``record`` and a re-run of its environment, or ``None`` (``env_kwargs``: as
     in :func:`replay_episode`)."""
     return replay_episode(record, draw=False, env_kwargs=env_kwargs).mismatch
-
-
-def record_episode(
-    env_id: str,
-    responses: Iterable[str],
-    *,
-    seed: int | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
-    reset_options: Mapping[str, Any] | None = None,
-    meta: Mapping[str, Any] | None = None,
-) -> EpisodeRecord:
-    """Play ``responses`` in a fresh ``env_id`` and return the episode as a record (stops when it ends)."""
-    kwargs = dict(env_kwargs or {})
-    env = make_env(env_id, kwargs)
-    try:
-        options = dict(reset_options) if reset_options is not None else None
-        obs, _ = env.reset(seed=seed, options=options)
-        record = EpisodeRecord.from_reset(
-            env, env_id, seed, obs, env_kwargs=kwargs, reset_options=options, meta=meta
-        )
-        for response in responses:
-            obs, reward, terminated, truncated, info = env.step(response)
-            record.turns.append(TurnRecord.from_step(response, obs, reward, terminated, truncated, info))
-            if terminated or truncated:
-                break
-    finally:
-        env.close()
-    return record

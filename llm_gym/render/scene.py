@@ -66,7 +66,7 @@ def draw_env(env: Any, cell: int | None = None, card_size: tuple[int, int] = CAR
 
 def to_array(surface) -> np.ndarray:
     """An ``HxWx3 uint8`` copy of ``surface`` (one conversion, row-major)."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     w, h = surface.get_size()
@@ -75,7 +75,7 @@ def to_array(surface) -> np.ndarray:
 
 def from_array(frame: np.ndarray):
     """A Surface holding an ``HxWx3 uint8`` frame."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     frame = np.ascontiguousarray(frame, dtype=np.uint8)

@@ -19,7 +19,7 @@ PIECES = ("box", "box_on_goal", "player", "fallen")
 
 
 def _pygame():
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     return require_pygame()
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llm_gym.render import _ON_FONT_INIT, require_pygame
+from llm_gym.render.backend import on_font_init, require_pygame
 from llm_gym.render.theme import COLORS, Color
 
 _FONTS: dict[int, object] = {}
-_ON_FONT_INIT.append(_FONTS.clear)
+on_font_init(_FONTS.clear)
 
 
 def font(size: int = 20, bold: bool = False):

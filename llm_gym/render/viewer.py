@@ -268,7 +268,7 @@ class ViewerState:
 
     def handle_event(self, event) -> None:
         """Apply a pygame event (key press, mouse wheel, window close)."""
-        from llm_gym.render import require_pygame
+        from llm_gym.render.backend import require_pygame
 
         pygame = require_pygame()
         if event.type == pygame.QUIT:
@@ -316,7 +316,7 @@ def _key_names() -> dict[int, str]:
 
 def draw_viewer(state: ViewerState, size: tuple[int, int] = VIEWER_SIZE):
     """The whole viewer screen for ``state`` as a Surface (no display needed); updates the scroll limit."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
     from llm_gym.render.scene import from_array
 
     pg = require_pygame()

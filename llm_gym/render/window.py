@@ -24,7 +24,7 @@ class Window:
     """A display window of ``size`` pixels titled ``title`` (initialises only the pygame display)."""
 
     def __init__(self, size: tuple[int, int], title: str = "llm-gym"):
-        from llm_gym.render import require_pygame
+        from llm_gym.render.backend import require_pygame
 
         pygame = require_pygame()
         pygame.display.init()
@@ -107,7 +107,7 @@ def screen_frame(size: tuple[int, int], title: str, help_text: str, *, title_col
     Raises ``ValueError`` when ``size`` is below :data:`MIN_SIZE`. The free area is ``BAR_H`` to
     ``size[1] - BAR_H``.
     """
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     w, h = size
@@ -128,7 +128,7 @@ def screen_frame(size: tuple[int, int], title: str, help_text: str, *, title_col
 
 def blit_fitted(surface: Any, image: Any, area: tuple[int, int, int, int]) -> None:
     """Blit ``image`` centred in ``area`` (x, y, width, height), scaled down (never up) to fit."""
-    from llm_gym.render import require_pygame
+    from llm_gym.render.backend import require_pygame
 
     pg = require_pygame()
     x, y, area_w, area_h = area

@@ -86,6 +86,10 @@ class BanditEnv(TextEnv):
     ## Observation
     The task text naming the two arms; after the pull, ``"<arm>: <reward> points"``.
 
+    ## Starting state
+    A (low-risk, high-risk) name pair drawn from the list with ``np_random``, its two names shown in a random
+    order; no arm pulled yet.
+
     ## Rewards
     ``low_risk`` 0.1 for the low-risk arm; ``high_risk`` 1.0 when the high-risk arm pays out; ``format_penalty``
     -0.1 for an invalid answer.
@@ -93,10 +97,16 @@ class BanditEnv(TextEnv):
     ## Episode end
     Terminated after one valid pull, or when ``max_turns`` (1) answers are used up without a valid pull.
 
+    ## Information
+    ``reset`` adds ``arms`` (the two names in the order shown); every ``info`` adds ``chosen_arm`` (``None``
+    until a valid pull) and ``high_risk_arm``.
+
     ## Arguments
-    ``split`` ``"train"`` (12 pairs) or ``"test"`` (8 held-out pairs), ``arm_pairs`` (custom pairs, overrides
-    ``split``; at most 1000 pairs of distinct, non-empty, printable names of at most 4096 characters),
-    ``high_risk_prob`` (0.25), and the common ``TextEnv`` arguments (``max_turns`` defaults to 1).
+    * ``split``: ``"train"`` (12 pairs, default) or ``"test"`` (8 held-out pairs).
+    * ``arm_pairs``: custom pairs, overriding ``split``: at most 1000 pairs of distinct, non-empty, printable
+      names of at most 4096 characters.
+    * ``high_risk_prob``: the high-risk arm's payout probability, default 0.25.
+    * The common ``TextEnv`` arguments (``max_turns`` defaults to 1).
 
     ## Version history
     * v0: initial version (RAGEN-2 name lists; low-risk payout 0.1 as in RAGEN's code, not the v1 paper's 0.15).

@@ -233,6 +233,12 @@ class CountdownEnv(TextEnv):
     ## Observation
     ``Target: 50, nums: [6, 4, 5]``; after the answer a second line gives the points and why.
 
+    ## Starting state
+    A puzzle generated from ``np_random``; with ``dataset=``, a data-set item (drawn with ``np_random``, or
+    ``seed % len`` with ``index_by="seed"``, or ``options={"index": i}``); or the puzzle given as
+    ``options={"nums": [...], "target": t}`` (data-set and ``options`` tasks: at most 64 numbers in [0, 10**6],
+    a target in [-10**9, 10**9]).
+
     ## Rewards
     ``correct`` 1.0 when the expression equals the target; ``format_score`` 0.1 for a valid expression with the
     right numbers but another value; 0 otherwise; ``format_penalty`` -0.1 for a response without the tags.
@@ -241,25 +247,31 @@ class CountdownEnv(TextEnv):
     Terminated after the first well-formed answer (one action per episode); truncated after ``max_turns``
     (default 5, RAGEN's base config; the RAGEN-2 paper uses 1) responses without one.
 
+    ## Information
+    ``reset`` adds ``solution`` (a reference expression, ``None`` when none is known) and ``index`` (the data-set
+    item, ``None`` for generated and given puzzles); every ``info`` adds ``target``, ``nums``, ``answer_error``
+    and ``answer_value``.
+
     ## Arguments
-    ``num_count`` ((3, 4), at most 5), ``number_range`` ((1, 99), within [0, 10**6]), ``target_range``
-    ((10, 100), within [-10**9, 10**9]; a range those numbers can never reach is a ``ValueError`` at construction,
-    and a range no draw reached within the generation budget one at reset: the target is always in the range),
-    ``allow_unused`` (False), ``dataset`` (None: generate; a ``.json``/``.jsonl``/``.parquet`` path or a hub id
-    with ``target`` and ``nums`` fields), ``split`` ("train"), ``max_turns`` (5) and the common ``TextEnv``
-    arguments.
-    ``operators`` (``"+-*/"``; ``"+-"`` keeps generated puzzles and data-set items solvable with ``+`` and ``-``
-    alone, RAGEN's filter; data sets accept only these two values), ``max_rows`` (None; keep the first rows of the
-    data set), ``index_by`` (``"random"``: item drawn from ``np_random``; ``"seed"``: item ``seed % len`` as in
-    RAGEN, random when reset without a seed). ``dataset="ragen"`` means ``dataset=RAGEN_DATASET,
-    max_rows=20000, operators="+-", index_by="seed"`` (RAGEN's ``ragen/env/countdown/env.py``); offline it fails
-    with a clear error, and ``operators="+-"`` on generated puzzles is the offline counterpart. With
-    ``parse_mode="ragen"`` answers are scored by RAGEN's rule (:func:`check_answer_ragen`): the integers anywhere
-    in the answer must be the given ones (so ``2+3=5`` scores 0 with ``[2, 3]`` and the format score 0.1 with
-    ``[2, 3, 5]``), then the value must equal the target; ``allow_unused`` does not apply.
-    ``reset(options={"nums": [...], "target": t})`` plays a given puzzle (data-set and ``options`` tasks: at most
-    64 numbers in [0, 10**6], a target in [-10**9, 10**9]); ``options={"index": i}`` a given
-    data-set item.
+    * ``num_count``: how many numbers, default ``(3, 4)``, at most 5.
+    * ``number_range``: default ``(1, 99)``, within [0, 10**6].
+    * ``target_range``: default ``(10, 100)``, within [-10**9, 10**9]. A range those numbers can never reach is a
+      ``ValueError`` at construction, and a range no draw reached within the generation budget one at reset:
+      the target is always in the range.
+    * ``allow_unused``: each number may be used at most once instead of exactly once, default False.
+    * ``operators``: default ``"+-*/"``; ``"+-"`` keeps generated puzzles and data-set items solvable with ``+``
+      and ``-`` alone (RAGEN's filter; data sets accept only these two values).
+    * ``dataset``: ``None`` (generate, default), a ``.json``/``.jsonl``/``.parquet`` path or a hub id with
+      ``target`` and ``nums`` fields; ``"ragen"`` means ``dataset=RAGEN_DATASET, max_rows=20000,
+      operators="+-", index_by="seed"`` (RAGEN's ``ragen/env/countdown/env.py``; offline it fails with a clear
+      error, and ``operators="+-"`` on generated puzzles is the offline counterpart).
+    * ``split``: default ``"train"``; ``max_rows``: keep the first rows of the data set, default ``None``.
+    * ``index_by``: ``"random"`` (the item drawn from ``np_random``, default) or ``"seed"`` (item ``seed % len``
+      as in RAGEN; random when reset without a seed).
+    * ``max_turns``: default 5, and the common ``TextEnv`` arguments. With ``parse_mode="ragen"`` answers are
+      scored by RAGEN's rule (:func:`check_answer_ragen`): the integers anywhere in the answer must be the given
+      ones (so ``2+3=5`` scores 0 with ``[2, 3]`` and the format score 0.1 with ``[2, 3, 5]``), then the value
+      must equal the target; ``allow_unused`` does not apply.
 
     ## Version history
     * v0: initial version.

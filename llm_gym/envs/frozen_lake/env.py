@@ -126,6 +126,10 @@ class FrozenLakeEnv(TextEnv):
     ``Grid Map: `` headers with a trailing space, ``Board size: R rows x C cols (zero-indexed).``, start, goal,
     player, then the holes, a line with no entries (no holes) left out.
 
+    ## Starting state
+    A new map drawn from ``np_random`` (or the map given as ``options={"map": rows}``: equal-length ``S F H G``
+    strings, at most ``size`` by ``size``), with the player on the start cell.
+
     ## Rewards
     ``goal`` +1 when the goal is reached; ``hole`` (0) when falling in; ``step`` (0) per executed action;
     ``format_penalty`` -0.1 per invalid turn.
@@ -134,11 +138,17 @@ class FrozenLakeEnv(TextEnv):
     Terminated on the goal (success) or in a hole; truncated after ``max_turns`` turns or ``max_actions``
     executed actions.
 
+    ## Information
+    ``reset`` adds ``map`` (the rows, in ``S F H G``); every ``info`` adds ``player`` (``(row, col)``).
+
     ## Arguments
-    ``size`` (4; at most ``MAX_SIZE`` = 64), ``p`` frozen probability (0.9), ``success_rate`` (0.8), ``observation_format``
-    (``"grid"`` or ``"grid_coord"``), ``observation_style`` (``"llmgym"`` or ``"ragen"``, RAGEN's exact
-    coordinate text; ``grid`` is the same in both), and the common ``TextEnv`` arguments. ``reset(options={"map": rows})``
-    plays a given map: a list of equal-length ``S F H G`` strings (rows), at most ``size`` by ``size``.
+    * ``size``: side of a generated map, default 4, at most ``MAX_SIZE`` (64).
+    * ``p``: probability that a cell is frozen, default 0.9.
+    * ``success_rate``: probability that a move goes the intended way, default 0.8.
+    * ``observation_format``: ``"grid"`` (default) or ``"grid_coord"``.
+    * ``observation_style``: ``"llmgym"`` (default) or ``"ragen"`` (RAGEN's exact coordinate text; ``grid`` is
+      the same in both).
+    * The common ``TextEnv`` arguments.
 
     ## Version history
     * v0: initial version.

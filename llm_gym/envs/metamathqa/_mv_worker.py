@@ -30,6 +30,25 @@ def encode(obj: Any) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def _wrap(text: str) -> str:
+    # math_verify extracts LaTeX from $...$ or \boxed{}; bare answers ("\sqrt{2}", "(1, 2)") need the delimiters.
+    if "$" in text or "\\boxed" in text:
+        return text
+    return f"${text}$"
+
+
+def verify_pair(gold: str, pred: str) -> bool:
+    """``math_verify``'s verdict, unguarded: it runs only here, inside the worker process."""
+    from math_verify import parse, verify
+
+    # Inside the worker these run on its main thread, so math_verify's own signal timeouts work as well.
+    g = parse(_wrap(gold), parsing_timeout=3)
+    p = parse(_wrap(pred), parsing_timeout=3)
+    if not g or not p:
+        return False
+    return bool(verify(g, p, timeout_seconds=3))
+
+
 def _read_exact(fd: int, n: int) -> bytes | None:
     chunks = []
     while n:
@@ -71,8 +90,6 @@ def main(argv: list[str]) -> int:  # pragma: no cover (runs in the worker; teste
     except ImportError as e:
         _write_all(out_fd, encode(["error", str(e)]))
         return 1
-    from llm_gym.envs.metamathqa.math_verify_checker import verify_pair
-
     _write_all(out_fd, encode(["ready", None]))
     while True:
         header = _read_exact(0, HEADER.size)

@@ -57,6 +57,9 @@ class MetaMathQAEnv(TextEnv):
     The question; after a wrong answer ``Incorrect. Please think again.``, after a right one ``Correct!``
     (RAGEN's feedback). May contain any unicode character (``AnyText`` space).
 
+    ## Starting state
+    An item of the data set drawn with ``np_random`` (or the item ``options={"index": i}``); no attempt made.
+
     ## Rewards
     ``correct`` 1.0 times ``1/2**k`` for a correct answer after ``k`` wrong ones (1, 0.5, 0.25, ...);
     ``incorrect`` 0.0 per wrong answer; ``format_penalty`` -0.1 per response without the tags.
@@ -66,12 +69,19 @@ class MetaMathQAEnv(TextEnv):
     ``terminated``, not ``truncated``). Truncated after ``max_turns`` responses (default ``max(5, max_attempts)``);
     responses without the tags use turns but not attempts.
 
+    ## Information
+    ``reset`` adds ``index`` (the item), ``type`` (its MetaMathQA type) and ``gold_answer``; every ``info`` adds
+    ``attempts`` and ``correct`` (the last answer's verdict, ``None`` before the first).
+
     ## Arguments
-    ``dataset`` (``"meta-math/MetaMathQA"``; a hub id, a ``.json``/``.jsonl``/``.parquet`` path, or ``"sample"``),
-    ``split`` ("train"), ``max_attempts`` (1; RAGEN's effective setting, see ``docs``), ``strict`` (False),
-    ``checker`` (``"builtin"``, or ``"math-verify"``),
-    ``max_turns`` (None) and the common ``TextEnv`` arguments. ``reset(options={"index": i})`` picks an item.
-    Without network and cache the hub id fails at construction with a ``RuntimeError`` naming both ways out.
+    * ``dataset``: ``"meta-math/MetaMathQA"`` (default; a hub id), a ``.json``/``.jsonl``/``.parquet`` path, or
+      ``"sample"`` (the bundled 40 problems). Without network and cache the hub id fails at construction with a
+      ``RuntimeError`` naming both ways out.
+    * ``split``: default ``"train"``.
+    * ``max_attempts``: default 1 (RAGEN's effective setting, see the docs).
+    * ``strict``: RAGEN's exact-match rule, default False.
+    * ``checker``: ``"builtin"`` (default) or ``"math-verify"``.
+    * ``max_turns``: default ``None`` (``max(5, max_attempts)``), and the common ``TextEnv`` arguments.
 
     ## Version history
     * v0: initial version.

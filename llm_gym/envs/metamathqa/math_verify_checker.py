@@ -49,25 +49,6 @@ def require_math_verify() -> None:
         raise ImportError(_INSTALL_HINT)
 
 
-def _wrap(text: str) -> str:
-    # math_verify extracts LaTeX from $...$ or \boxed{}; bare answers ("\sqrt{2}", "(1, 2)") need the delimiters.
-    if "$" in text or "\\boxed" in text:
-        return text
-    return f"${text}$"
-
-
-def verify_pair(gold: str, pred: str) -> bool:
-    """``math_verify``'s verdict, unguarded: call it only inside the worker process."""
-    from math_verify import parse, verify
-
-    # Inside the worker these run on its main thread, so math_verify's own signal timeouts work as well.
-    g = parse(_wrap(gold), parsing_timeout=3)
-    p = parse(_wrap(pred), parsing_timeout=3)
-    if not g or not p:
-        return False
-    return bool(verify(g, p, timeout_seconds=3))
-
-
 class WorkerError(Exception):
     """The worker failed to start, died, or answered out of protocol (counted as a wrong answer)."""
 

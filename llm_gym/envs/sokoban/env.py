@@ -108,6 +108,11 @@ class SokobanEnv(TextEnv):
     ``ragen/env/sokoban/env.py``, ``_render_text``): ``Coordinates: `` and ``Grid Map: `` headers with a trailing
     space, ``Board size: R rows x C cols (zero-indexed).``, and lines with no entries left out.
 
+    ## Starting state
+    A level generated from ``np_random`` (or, with ``level_file``, a file level picked by seed or
+    ``options={"level_index": i}``; or the level given as ``options={"level": xsb_text_or_SokobanLevel}``),
+    never already solved: the player and boxes stand where the level puts them.
+
     ## Rewards
     ``step`` -0.1 per executed action; ``box_on_target`` +1 when a box is pushed onto a target;
     ``box_off_target`` -1 when one is pushed off; ``solved`` +10 when all boxes are on targets;
@@ -117,24 +122,32 @@ class SokobanEnv(TextEnv):
     Terminated (success) when every box is on a target; truncated after ``max_turns`` turns or ``max_actions``
     executed actions.
 
-    ## Arguments
-    ``dim_room`` ((6, 6), at most (100, 100); a larger room gets an observation space that fits it), ``num_boxes`` (1), ``min_optimal_length`` (2), ``max_optimal_length`` (``None``: the
-    episode's ``max_actions``, so every generated level can be solved in the budget), ``observation_format``
-    (``"grid"`` / ``"grid_coord"``), ``observation_style`` (``"llmgym"`` or ``"ragen"``: RAGEN's exact coordinate
-    text; the ``grid`` format is the same in both), ``vocab`` (``"default"``, ``"remapped"`` or a role -> symbol mapping),
-    ``level_file`` (``None``, ``"sample"`` or an XSB path of at most 16 MiB and 10,000 levels of at most 100x100;
-    the level is picked by seed or ``options={"level_index": i}``), ``solver_max_states`` (200000, at most 10**7; state budget for solving
-    file/given levels at reset, and ``generator="ragen"`` levels), ``generator`` (``None``: our generator; a :class:`GeneratorConfig` overriding its knobs;
-    ``"ragen"`` or a :class:`RagenGeneratorConfig`: RAGEN's generator, ``ragen/env/sokoban/utils.py``, whose
-    levels are easier and not bounded by ``min/max_optimal_length``), ``search_depth`` (``generator="ragen"``
-    only: RAGEN's reverse-play depth, 300 by default, at most 1000; RAGEN uses 10 for LargerSokoban and 30 for
-    the new-vocabulary variant; RAGEN's rooms need ``dim_room`` >= 5x5 and ``num_boxes`` <= ``min(dim_room) - 2``), and the common ``TextEnv`` arguments (``max_turns`` 5,
-    ``max_actions_per_turn`` 2, ``max_actions`` 10).
-    ``reset(options={"level": text_or_SokobanLevel})`` plays that level.
+    ## Information
+    ``reset`` adds ``optimal_length`` (moves; ``None`` if the solver gave up or the level is unsolvable),
+    ``solver_status``, ``level`` (XSB text), ``level_source`` (``generated`` / ``file`` / ``options``) and
+    ``level_index`` (file levels). Every ``info`` adds ``player`` and ``boxes_on_target``.
 
-    ``info`` at reset adds ``optimal_length`` (moves; ``None`` if the solver gave up or the level is
-    unsolvable), ``solver_status``, ``level`` (XSB text), ``level_source`` (``generated`` / ``file`` /
-    ``options``) and ``level_index`` (file levels). Every ``info`` has ``player`` and ``boxes_on_target``.
+    ## Arguments
+    * ``dim_room``: room size, default ``(6, 6)``, at most ``(100, 100)`` (a larger room gets an observation
+      space that fits it).
+    * ``num_boxes``: default 1.
+    * ``min_optimal_length``, ``max_optimal_length``: the generated levels' optimal solution lengths, default 2
+      and ``None`` (the episode's ``max_actions``, so every generated level can be solved in the budget).
+    * ``observation_format``: ``"grid"`` (default) or ``"grid_coord"``.
+    * ``observation_style``: ``"llmgym"`` (default) or ``"ragen"`` (RAGEN's exact coordinate text; the
+      ``grid`` format is the same in both).
+    * ``vocab``: ``"default"``, ``"remapped"`` or a role -> symbol mapping.
+    * ``level_file``: ``None`` (generate), ``"sample"`` (the bundled levels) or an XSB path of at most 16 MiB
+      and 10,000 levels of at most 100x100.
+    * ``solver_max_states``: the solver's state budget for file and given levels at reset and for
+      ``generator="ragen"`` levels, default 200,000, at most 10**7.
+    * ``generator``: ``None`` (our generator), a :class:`GeneratorConfig` overriding its knobs, or ``"ragen"`` /
+      a :class:`RagenGeneratorConfig` (RAGEN's generator, ``ragen/env/sokoban/utils.py``: easier levels, not
+      bounded by ``min/max_optimal_length``; its rooms need ``dim_room`` >= 5x5 and
+      ``num_boxes`` <= ``min(dim_room) - 2``).
+    * ``search_depth``: ``generator="ragen"`` only: RAGEN's reverse-play depth, default 300, at most 1000 (RAGEN
+      uses 10 for LargerSokoban and 30 for the new-vocabulary variant).
+    * The common ``TextEnv`` arguments (``max_turns`` 5, ``max_actions_per_turn`` 2, ``max_actions`` 10).
 
     ## Version history
     * v0: initial version.

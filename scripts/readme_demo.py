@@ -1,6 +1,6 @@
 """Make the README demo: a generated Sokoban level played by its optimal plan, written as LLM-style responses.
 
-    python -m llm_gym.render.demo --out docs/img/sokoban_episode.gif
+    python scripts/readme_demo.py --out docs/img/sokoban_episode.gif --viewer-png docs/img/viewer.png
 
 The plan comes from the Sokoban solver; each turn's response has a short reasoning built from the board, so the
 episode looks like what a good model would send. It is recorded as an :class:`EpisodeRecord` (JSONL) and
@@ -53,9 +53,9 @@ def reasoning(rows: Sequence[str], moves: Sequence[str]) -> str:
 
 def demo_record(seed: int = 5, env_id: str = "llmgym/Sokoban-v0"):
     """The demo episode: ``env_id`` at ``seed`` played by the solver's optimal plan, two moves per turn."""
+    from llm_gym.agent.records import record_episode
     from llm_gym.envs.sokoban import solve
     from llm_gym.registration import make_env
-    from llm_gym.render.replay import record_episode
 
     env = make_env(env_id)
     env.reset(seed=seed)
