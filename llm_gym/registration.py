@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
+
+from llm_gym.core.checks import is_int
 
 NAMESPACE = "llmgym"
 
@@ -234,7 +235,7 @@ SEED_LIMIT = 2**64
 def short_repr(value: Any, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted values (a 4,000-digit
     integer is described by its size: its repr would be long, and past 4,300 digits ``repr`` itself raises)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+    if is_int(value, numpy=False) and value.bit_length() > 200:
         return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -260,7 +261,7 @@ def check_seed(seed: Any, what: str = "seed", *, allow_none: bool = True) -> int
     (the value is shortened in the message)."""
     if seed is None and allow_none:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
+    if not is_int(seed) or not 0 <= seed < SEED_LIMIT:
         null = "null or " if allow_none else ""
         raise ValueError(f"{what} must be {null}an integer in [0, 2**64), got {short_repr(seed)}")
     return int(seed)

@@ -21,6 +21,7 @@ from typing import Any
 from llm_gym.trainer.signals import SignalState
 from transformers import TrainerCallback
 
+from llm_gym.core.checks import is_number
 from llm_gym.safe_io import append_text
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ LOSS_METRICS = (
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 class EnvProgressCallback(TrainerCallback):

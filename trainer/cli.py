@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym.core.checks import is_int
 
 #: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -395,7 +396,7 @@ def _check_steps(merged: dict[str, Any]) -> None:
     neither a step count nor epochs set by any layer (Trainer's default of 3 epochs over the 100,000-row seed
     dataset would be a run of that many rounds)."""
     steps = merged.get("max_steps", -1)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
+    if not is_int(steps, numpy=False) or steps < -1:
         raise ConfigError(
             f"max_steps must be a positive number of steps (or -1 with num_train_epochs), got {steps!r}"
         )

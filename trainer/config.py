@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat
+from llm_gym.core.checks import is_int, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +68,15 @@ MI_SCORERS = ("cached", "trl")
 
 
 def _positive_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+    return is_int(value, numpy=False) and value >= 1
 
 
 def _nonnegative_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+    return is_int(value, numpy=False) and value >= 0
 
 
 def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
@@ -433,7 +434,7 @@ class MIArguments:
             raise ValueError(f"mi_every must be an integer >= 0, got {self.mi_every!r}")
         for name, low in (("mi_num_samples", 2), ("mi_batch_size", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value, numpy=False) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not self.mi_std_eps > 0:
             raise ValueError(f"mi_std_eps must be > 0, got {self.mi_std_eps}")

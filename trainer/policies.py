@@ -21,6 +21,8 @@ from typing import Any
 
 from llm_gym.trainer.config import EVAL_TEMPERATURE, EVAL_TOP_P, MAX_NEW_TOKENS
 
+from llm_gym.core.checks import is_int
+
 
 class EndpointError(ValueError):
     """An OpenAI-compatible endpoint that cannot be used; the message says what to check."""
@@ -39,11 +41,7 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 10], got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if (
-            isinstance(self.max_new_tokens, bool)
-            or not isinstance(self.max_new_tokens, int)
-            or self.max_new_tokens < 1
-        ):
+        if not is_int(self.max_new_tokens, numpy=False) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
 
 
@@ -64,9 +62,7 @@ class HFPolicy:
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; evaluation needs a chat (instruct) model")
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
+        if batch_size is not None and (not is_int(batch_size, numpy=False) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         self.model = model
         self.tokenizer = tokenizer
@@ -386,7 +382,7 @@ class OpenAIPolicy:
             ("retries", retries, 0),
             ("max_reply_bytes", max_reply_bytes, 1),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value, numpy=False) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         httpx = _http_module()
         import openai
@@ -522,7 +518,7 @@ class OpenAIPolicy:
             raise EndpointError("unexpected chat completion response: no choices[0].message.content string")
         usage = getattr(reply, "usage", None)
         tokens = getattr(usage, "completion_tokens", None)
-        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        if is_int(tokens, numpy=False) and tokens >= 0:
             with self._tokens_lock:
                 self.generated_tokens += tokens
         return text

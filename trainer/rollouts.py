@@ -28,6 +28,7 @@ from typing import Any
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.agent.rollout import MAX_TURNS_GUARD
+from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env
 
 #: ``(contexts, max_new_tokens per row) -> (new token ids per row, sampler log-probs per row)``.
@@ -44,7 +45,7 @@ class ChatTemplateError(ValueError):
 # ------------------------------------------------------------------------------------------- seeds in prompts
 def seed_prompt(seed: int) -> str:
     """The dataset prompt that carries an environment seed (``rollout_func`` only receives prompts)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, numpy=False) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return json.dumps({"llmgym_seed": seed})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env
 
 DEFAULT_SYSTEM_PROMPT = "You're a helpful assistant."
@@ -74,9 +75,7 @@ class ChatFormat:
         if self.style not in CHAT_STYLES:
             raise ValueError(f"style must be one of {CHAT_STYLES}, got {self.style!r}")
         if self.history_window is not None and (
-            isinstance(self.history_window, bool)
-            or not isinstance(self.history_window, int)
-            or self.history_window < 1
+            not is_int(self.history_window, numpy=False) or self.history_window < 1
         ):
             raise ValueError(
                 f"history_window must be a positive integer or None, got {self.history_window!r}"

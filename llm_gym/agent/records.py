@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym._jsonl import JsonlError, decode_json, iter_lines
+from llm_gym.core.checks import is_number
 from llm_gym.registration import check_seed, make_env, short_repr
 
 FORMAT_VERSION = 1
@@ -160,7 +161,7 @@ _short_repr = short_repr
 def _number(value: Any, what: str) -> float:
     if isinstance(value, str) and value.strip().lower() in _NONFINITE:
         return _NONFINITE[value.strip().lower()]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise RecordError(f"{what} must be a number, got {_short_repr(value)}")
     try:
         return float(value)

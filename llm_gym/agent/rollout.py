@@ -12,10 +12,10 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import gymnasium as gym
-import numpy as np
 
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
+from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env
 
 #: A batch of chat message lists -> one response text each (same order, same length). When the chat format has a
@@ -32,7 +32,7 @@ MAX_TURNS_GUARD = 1000
 def _validate_seeds(seeds: Sequence[int]) -> list[int]:
     out = []
     for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+        if not is_int(s) or s < 0:
             raise ValueError(f"seeds must be non-negative integers, got {s!r}")
         out.append(int(s))
     return out
@@ -74,7 +74,7 @@ def rollout(
         ``group_index`` (position inside the group).
     """
     seeds = _validate_seeds(seeds)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if not is_int(group_size, numpy=False) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     chat = chat or ChatFormat()
     if chat.generation_prefix and not _takes_generation_prefix(policy):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from llm_gym.core.checks import is_int
 from llm_gym.core.parsing import (
     ACTION_SEP,
     ParsedResponse,
@@ -35,7 +36,7 @@ DYNAMICS_SEED_MAX = 2**63 - 1
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -281,9 +282,7 @@ class TextEnv(gym.Env[str, str]):
         options = dict(options or {})
         dynamics_seed = options.pop("dynamics_seed", None)
         if dynamics_seed is not None and (
-            isinstance(dynamics_seed, bool)
-            or not isinstance(dynamics_seed, (int, np.integer))
-            or not 0 <= dynamics_seed <= DYNAMICS_SEED_MAX
+            not is_int(dynamics_seed) or not 0 <= dynamics_seed <= DYNAMICS_SEED_MAX
         ):
             raise ValueError(
                 f"options['dynamics_seed'] must be an integer in [0, 2**63), got {dynamics_seed!r:.40}"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym._jsonl import MAX_FILE_BYTES, decode_json, iter_lines
+from llm_gym.core.checks import is_int
 
 #: File suffixes read as local files.
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -161,7 +162,7 @@ def pick_index(rng: np.random.Generator, n: int, index: Any = None) -> int:
     """``index`` validated against ``n`` items, or one drawn from ``rng`` when it is ``None``."""
     if index is None:
         return int(rng.integers(n))
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < n:
+    if not is_int(index) or not 0 <= index < n:
         raise ValueError(f"options['index'] must be an integer in [0, {n}), got {index!r}")
     return int(index)
 

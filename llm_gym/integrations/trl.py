@@ -44,6 +44,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from llm_gym.core.checks import is_int
 from llm_gym.core.parsing import ACTION_SEP, format_response
 from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
@@ -261,7 +262,7 @@ def make_prompt_dataset(
     times, so every group of rollouts shares one seed. ``env_kwargs`` must match the factory's."""
     from datasets import Dataset
 
-    if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
+    if not is_int(num_seeds, numpy=False) or num_seeds < 1:
         raise ValueError(f"num_seeds must be a positive integer, got {num_seeds!r}")
     check_seed(seed_start, "seed_start", allow_none=False)
     check_seed(seed_start + num_seeds - 1, "the last seed (seed_start + num_seeds - 1)", allow_none=False)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from llm_gym.core.checks import is_int
 from llm_gym.render.sprites import tile
 from llm_gym.render.theme import BOARD_LIMIT_PX, CELL_LIMITS, auto_cell
 
@@ -103,7 +104,7 @@ def static_layer(bases: tuple[tuple[str, ...], ...], cell: int):
 def check_cell(cell) -> int:
     """``cell`` as an int within :data:`CELL_LIMITS`, or ``ValueError``."""
     lo, hi = CELL_LIMITS
-    if isinstance(cell, bool) or not isinstance(cell, int) or not lo <= cell <= hi:
+    if not is_int(cell, numpy=False) or not lo <= cell <= hi:
         raise ValueError(f"cell size must be an integer number of pixels in [{lo}, {hi}], got {cell!r}")
     return cell
 

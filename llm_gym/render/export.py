@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_gym.agent.records import EpisodeRecord
+from llm_gym.core.checks import is_int
 from llm_gym.render.board import check_cell
 from llm_gym.render.panel import compose, draw_caption, turn_view
 from llm_gym.render.replay import Mismatch, Replay, iter_replay, replay_episode
@@ -182,13 +183,9 @@ def export_episode(
     if cell is not None:
         check_cell(cell)
     lo, hi = CAPTION_WIDTH_LIMITS
-    if isinstance(caption_width, bool) or not isinstance(caption_width, int) or not lo <= caption_width <= hi:
+    if not is_int(caption_width, numpy=False) or not lo <= caption_width <= hi:
         raise ValueError(f"caption width must be an integer in [{lo}, {hi}] pixels, got {caption_width!r}")
-    if (
-        isinstance(max_frames, bool)
-        or not isinstance(max_frames, int)
-        or not 1 <= max_frames <= MAX_FRAMES_LIMIT
-    ):
+    if not is_int(max_frames, numpy=False) or not 1 <= max_frames <= MAX_FRAMES_LIMIT:
         raise ValueError(f"max_frames must be an integer in [1, {MAX_FRAMES_LIMIT}], got {max_frames!r}")
     replay = Replay(record)
     size: list[tuple[int, int]] = []

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from llm_gym.core.checks import is_int
+
 Number = int | Fraction
 
 #: Default limits of :func:`evaluate`.
@@ -286,7 +288,7 @@ def _join(op: str, left: tuple[str, int], right: tuple[str, int]) -> tuple[str, 
 def _check_nums(nums: Sequence[int]) -> list[int]:
     out = []
     for n in nums:
-        if isinstance(n, bool) or not isinstance(n, int) and not hasattr(n, "__index__"):
+        if not is_int(n):
             raise ValueError(f"numbers must be integers, got {n!r}")
         if int(n) < 0:
             raise ValueError(f"numbers must be non-negative, got {n!r}")

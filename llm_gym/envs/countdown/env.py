@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import ExpertMove, RewardSpec, TextEnv
+from llm_gym.core.checks import is_int
 from llm_gym.envs.countdown.arith import (
     OPERATORS,
     PLUS_MINUS_MAX_NUMBERS,
@@ -72,7 +73,7 @@ def _int_pair(name: str, value: Any, low: int, high: int) -> tuple[int, int]:
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a pair (min, max), got {value!r:.60}") from None
     for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not is_int(v):
             raise ValueError(f"{name} must hold integers, got {value!r:.60}")
     if not low <= a <= b <= high:
         raise ValueError(f"{name} must satisfy {low} <= min <= max <= {high}, got {value!r:.60}")
@@ -313,9 +314,7 @@ class CountdownEnv(TextEnv):
         self.index_by = "random" if index_by is None else index_by
         if self.index_by not in INDEX_MODES:
             raise ValueError(f"index_by must be one of {INDEX_MODES}, got {index_by!r}")
-        if max_rows is not None and (
-            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
-        ):
+        if max_rows is not None and (not is_int(max_rows, numpy=False) or max_rows < 1):
             raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
         if dataset is not None and self.operators not in (OPERATORS, "+-"):
             raise ValueError(f"data sets can be filtered with operators='+-' only, got {self.operators!r}")
@@ -398,9 +397,6 @@ class CountdownEnv(TextEnv):
 
     @staticmethod
     def _task(nums: Any, target: Any, where: str) -> tuple[list[int], int]:
-        def is_int(x: Any) -> bool:
-            return not isinstance(x, bool) and isinstance(x, (int, np.integer))
-
         if isinstance(nums, np.ndarray):
             nums = nums.tolist()
         if (
@@ -427,9 +423,9 @@ class CountdownEnv(TextEnv):
             nums = nums.tolist()
         if not isinstance(nums, (list, tuple)) or not 0 < len(nums) <= PLUS_MINUS_MAX_NUMBERS:
             return False
-        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in nums):
+        if not all(is_int(x) for x in nums):
             return False
-        if isinstance(target, bool) or not isinstance(target, (int, np.integer)):
+        if not is_int(target):
             return False
         return plus_minus_solvable([int(x) for x in nums], int(target))
 

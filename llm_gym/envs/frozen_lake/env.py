@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
+from llm_gym.core.checks import is_int
 from llm_gym.envs.frozen_lake.solver import shortest_path
 
 # Gymnasium's action order: 0 Left, 1 Down, 2 Right, 3 Up.
@@ -172,7 +173,7 @@ class FrozenLakeEnv(TextEnv):
         observation_style: str = "llmgym",
         **kwargs: Any,
     ):
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 2 <= size <= MAX_SIZE:
+        if not is_int(size) or not 2 <= size <= MAX_SIZE:
             raise ValueError(f"size must be an integer in [2, {MAX_SIZE}], got {size!r}")
         size = int(size)
         if not 0.0 < float(p) <= 1.0:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from llm_gym.assets import asset_path
 from llm_gym.core import AnyText, ExpertMove, RewardSpec, TextEnv
+from llm_gym.core.checks import is_int
 from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
 from llm_gym.envs.metamathqa.math_verify_checker import math_verify_equivalent, require_math_verify
 from llm_gym.envs.task_data import load_records, pick_index
@@ -107,11 +106,7 @@ class MetaMathQAEnv(TextEnv):
         max_turns: int | None = None,
         **kwargs: Any,
     ):
-        if (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, (int, np.integer))
-            or max_attempts < 1
-        ):
+        if not is_int(max_attempts) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
         self.max_attempts = int(max_attempts)
         self.strict = bool(strict)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
+from llm_gym.core.checks import is_int
 from llm_gym.envs.sokoban.generator import GeneratorConfig, generate_level
 from llm_gym.envs.sokoban.level import (
     LEVEL_MAX_SIDE,
@@ -185,8 +184,7 @@ class SokobanEnv(TextEnv):
                 f"observation_style must be one of {OBSERVATION_STYLES}, got {observation_style!r}"
             )
         if (
-            isinstance(solver_max_states, bool)
-            or not isinstance(solver_max_states, int)
+            not is_int(solver_max_states, numpy=False)
             or not 0 <= solver_max_states <= SOLVER_MAX_STATES_LIMIT
         ):
             raise ValueError(
@@ -316,11 +314,7 @@ class SokobanEnv(TextEnv):
             index = options.get("level_index")
             if index is None:
                 index = int(self.np_random.integers(len(self.levels)))
-            elif (
-                isinstance(index, bool)
-                or not isinstance(index, (int, np.integer))
-                or not (0 <= index < len(self.levels))
-            ):
+            elif not is_int(index) or not 0 <= index < len(self.levels):
                 raise ValueError(f"level_index must be an integer in [0, {len(self.levels)}), got {index!r}")
             index = int(index)
             level = self.levels[index]

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from llm_gym.core.checks import is_int
 from llm_gym.envs.sokoban.level import SokobanLevel
 from llm_gym.envs.sokoban.solver import Board, backward_layers, decode_state, make_board
 
@@ -38,7 +39,7 @@ _STEPS = ((-1, 0), (1, 0), (0, -1), (0, 1))
 
 
 def _positive(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 

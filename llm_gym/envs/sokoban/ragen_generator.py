@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llm_gym.core.checks import is_int
 from llm_gym.envs.sokoban.generator import GeneratedLevel
 from llm_gym.envs.sokoban.level import SokobanLevel
 from llm_gym.envs.sokoban.solver import solve
@@ -64,7 +65,7 @@ SOLVER_MAX_STATES_MAX = 10_000_000
 
 
 def _int_in(name: str, value, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value <= maximum:
+    if not is_int(value) or not minimum <= value <= maximum:
         raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {str(value)[:50]}")
     return int(value)
 

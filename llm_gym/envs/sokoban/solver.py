@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llm_gym.core.checks import is_int
 from llm_gym.envs.sokoban.level import SokobanLevel, parse_level
 
 #: Action names in RAGEN's order (ids 1-4: Up, Down, Left, Right).
@@ -105,7 +106,7 @@ def solve(level: SokobanLevel | str, *, max_states: int = 1_000_000) -> SolveRes
     """
     if isinstance(level, str):
         level = parse_level(level)
-    if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 0:
+    if not is_int(max_states, numpy=False) or max_states < 0:
         raise ValueError(f"max_states must be a non-negative integer, got {max_states!r}")
     board, player, boxes = compile_level(level)
     goal = board.goal_mask
