@@ -280,12 +280,26 @@ def test_low_validation_success_stop():
     st = SignalState()
     cb = LowSuccessStopCallback(st, 0.01, 2)
     ctrl = _Control()
+    # llmgym-train evaluates before train(): RAGEN never counts its validation before training
+    for _ in range(3):
+        cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
+    assert cb.low == 0 and not ctrl.should_training_stop
+    cb.on_train_begin(None, _State(), ctrl)
     cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
     cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.5})
     cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.005})
     assert not ctrl.should_training_stop
     cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
     assert ctrl.should_training_stop
+    # a resumed run continues the restored count; evaluations after train() do not count either
+    resumed = LowSuccessStopCallback(SignalState(), 0.01, 2)
+    resumed.load_state_dict({"low": 1})
+    resumed.on_evaluate(None, _State(), _Control(), metrics={"eval_env/success": 0.0})  # before train()
+    resumed.on_train_begin(None, _State(), _Control())
+    assert resumed.low == 1
+    resumed.on_train_end(None, _State(), _Control())
+    resumed.on_evaluate(None, _State(), ctrl2 := _Control(), metrics={"eval_env/success": 0.0})
+    assert resumed.low == 1 and not ctrl2.should_training_stop
 
 
 # ------------------------------------------------------------------------------------------ chat style

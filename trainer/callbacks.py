@@ -216,11 +216,13 @@ class RewardStdCollapseCallback(TrainerCallback):
 class LowSuccessStopCallback(TrainerCallback):
     """RAGEN's low-validation-success early stop (``ragen/trainer/agent_trainer.py``, ``low_validation_success``):
     stop when ``eval_env/success`` stays below ``early_stop_min_success`` for ``early_stop_evals`` evaluations in a
-    row."""
+    row. Only evaluations inside ``train()`` count: RAGEN's validation before training is not checked
+    (``agent_trainer.py:972-975``), so neither is the ``evaluate()`` llmgym-train runs before (or after) it."""
 
     def __init__(self, state: SignalState, min_success: float, evals: int) -> None:
         self.state, self.min_success, self.evals = state, float(min_success), int(evals)
         self.low = 0
+        self.training = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"low": self.low}
@@ -228,11 +230,18 @@ class LowSuccessStopCallback(TrainerCallback):
     def load_state_dict(self, data: dict[str, Any]) -> None:
         self.low = int(data.get("low", 0))
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # A resumed run keeps the count restored from its checkpoint (load_state_dict runs before this hook).
+        self.training = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = False
+
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
     ) -> None:
         value = (metrics or {}).get("eval_env/success")
-        if value is None:
+        if value is None or not self.training:
             return
         self.low = self.low + 1 if value < self.min_success else 0
         if self.low >= self.evals and self.state.stop_reason is None:
