@@ -222,9 +222,30 @@ def test_metamathqa_ragen_turn_limit_allows_format_retries():
 _FIXTURE = Path(__file__).parent / "data" / "ragen_chat.json"
 
 
-@pytest.mark.parametrize("name", ["sokoban", "frozen_lake", "coord_sokoban", "coord_frozen_lake"])
+_CHAT_CASES = sorted(k for k in json.loads(_FIXTURE.read_text(encoding="utf-8")) if k != "coord_end_states")
+
+
+def test_the_chat_fixture_covers_every_ragen2_task_and_its_quirks():
+    # Written by tests/ragen_chat_fixture.py from RAGEN's config/envs.yaml and a transcription of its prompt code.
+    assert {"coord_sokoban", "coord_frozen_lake", "countdown", "metamathqa", "sokoban_new_vocab"} <= set(
+        _CHAT_CASES
+    )
+    cases = json.loads(_FIXTURE.read_text(encoding="utf-8"))
+    legend = "\nThe meaning of each symbol in the state is:\n#: wall, _: empty"
+    # RAGEN's merge quirk: the legend in coordinate mode, and the default symbols for the remapped vocabulary
+    assert legend in cases["coord_sokoban"]["messages"][0]["content"]
+    assert legend in cases["sokoban_new_vocab"]["messages"][0]["content"]
+    assert "W" in cases["sokoban_new_vocab"]["messages"][1]["content"]
+    assert "P: player, _: empty, O: hole" in cases["coord_frozen_lake"]["messages"][0]["content"]
+    assert (
+        cases["metamathqa"]["messages"][0]["content"]
+        == "You're a helpful assistant. You are solving Math problems. "
+    )
+
+
+@pytest.mark.parametrize("name", _CHAT_CASES)
 def test_ragen_chat_style_renders_ragens_text(name):
-    # The fixture holds the messages RAGEN's prompt code (ctx_manager.py) builds for these states and replies.
+    # The fixture holds the prompt RAGEN's prompt code (ctx_manager.py) builds after these states and replies.
     case = json.loads(_FIXTURE.read_text(encoding="utf-8"))[name]
     env = gym.make(case["env_id"], parse_mode="ragen")
     fmt = ChatFormat(style="ragen")

@@ -48,8 +48,8 @@ class ChatFormat:
         one_shot: put one demonstration exchange (an example state and a well-formed answer) after the system
             message; small models (e.g. SmolLM2-135M) rarely follow the answer format without it.
         style: ``"llmgym"`` (default, the fields above) or ``"ragen"``: RAGEN's exact text for the envs that
-            have it (``TextEnv.ragen_prompt``: Sokoban and FrozenLake; system: its instruction, symbol legend and
-            action list; each turn: state, actions left,
+            have it (``TextEnv.ragen_prompt``: Sokoban, FrozenLake, Countdown and MetaMathQA; system: its
+            instruction, then the symbol legend and action list where RAGEN has them; each turn: state, actions left,
             format and length hint; from turn 2 on, the user message opens with ``Reward:`` and the previous
             turn's game reward, format penalty excluded), and :attr:`generation_prefix` ``"<think>"``. The other
             fields are ignored in that style; other envs get RAGEN's layout with ``env.instructions``.
@@ -104,8 +104,9 @@ def ragen_system_text(env: gym.Env) -> str:
     text = prompt.instruction
     if prompt.legend:
         text += "\nThe meaning of each symbol in the state is:\n" + prompt.legend
-    text += "\nYour available actions are:\n" + ", ".join(base.action_names)
-    text += f'\nYou can make up to {base.max_actions} actions, separated by the action separator " || "\n'
+    if base.action_names:  # RAGEN lists actions only for envs with an action lookup (ctx_manager.py:140-143)
+        text += "\nYour available actions are:\n" + ", ".join(base.action_names)
+        text += f'\nYou can make up to {base.max_actions} actions, separated by the action separator " || "\n'
     return "You're a helpful assistant. " + text
 
 

@@ -63,7 +63,7 @@ class RagenPrompt:
 
     Attributes:
         instruction: RAGEN's per-env instruction, verbatim (``config/envs.yaml`` in RAGEN).
-        legend: the symbol meanings shown after it (``None``: no legend, as for RAGEN's coordinate envs).
+        legend: the symbol meanings shown after it (``None``: no legend, as for RAGEN's answer-only envs).
         max_tokens: the "Max response length: N words (tokens)" hint of every turn.
     """
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_gym.core import ExpertMove, RewardSpec, TextEnv
+from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
 from llm_gym.core.checks import is_int
 from llm_gym.envs.countdown.arith import (
     OPERATORS,
@@ -44,6 +44,13 @@ TASK_MAX_NUMBERS = 64
 #: ``dataset="ragen"`` stands for these settings (``ragen/env/countdown/env.py`` and ``config.py``): the hub data,
 #: its first 20,000 rows, only puzzles solvable with + and - (``has_solution``), item ``seed % len``.
 RAGEN_DATA_SETTINGS = {"dataset": RAGEN_DATASET, "max_rows": 20_000, "operators": "+-", "index_by": "seed"}
+# RAGEN's instruction for Countdown, verbatim (RAGEN-2's protocol is defined by it; config/envs.yaml:129, with
+# max_tokens 100 at :130). RAGEN's Countdown config has no symbol legend or action lookup.
+_RAGEN_TEXT = (
+    "You are solving the Countdown puzzle. You should use the num list to create an equation that equals the "
+    "target. Example answer format: <think> To find an equation using [3, 5, 2] to get 4. Let's check 2 + 5 = 7, "
+    "7 - 3 = 4. So the answer is 2 + 5 - 3 = 4. </think><answer>2 + 5 - 3</answer>"
+)
 INDEX_MODES = ("random", "seed")
 # Row indices kept by (source, split, max_rows, operators): the filter reads every row once per process.
 _KEPT: dict[tuple, list[int]] = {}
@@ -367,6 +374,9 @@ class CountdownEnv(TextEnv):
     def example_response(self) -> str:
         answer = "<answer>(6 + 4) * 5</answer>"
         return f"<think>...</think>{answer}" if self.think else answer
+
+    def ragen_prompt(self) -> RagenPrompt | None:
+        return RagenPrompt(_RAGEN_TEXT, None, 100)
 
     def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
         self.index = None

@@ -36,6 +36,8 @@ _RAGEN_COORD_TEXT = (
     "to the bottom-right corner (5, 5).\nBeware that the ice is slippery, so the agent might slide and end up in "
     "an unintended tile.\nRespond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
 )
+# shown in both observation formats: RAGEN's config merge never sees the nested ``observation_format``
+# (ragen/llm_agent/ctx_manager.py:126-132), so CoordFrozenLake's prompt has the legend too
 _RAGEN_LEGEND = "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal"
 
 
@@ -345,4 +347,4 @@ class FrozenLakeEnv(TextEnv):
     def ragen_prompt(self) -> RagenPrompt | None:
         if self.observation_format == "grid":
             return RagenPrompt(_RAGEN_TEXT, _RAGEN_LEGEND, 100)
-        return RagenPrompt(_RAGEN_COORD_TEXT, None, 120)
+        return RagenPrompt(_RAGEN_COORD_TEXT, _RAGEN_LEGEND, 120)

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from llm_gym.assets import asset_path
-from llm_gym.core import AnyText, ExpertMove, RewardSpec, TextEnv
+from llm_gym.core import AnyText, ExpertMove, RagenPrompt, RewardSpec, TextEnv
 from llm_gym.core.checks import is_int
 from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
 from llm_gym.envs.metamathqa.math_verify_checker import math_verify_equivalent, require_math_verify
@@ -22,6 +22,8 @@ QUESTION_MAX_LENGTH = 16000
 CHECKERS = ("builtin", "math-verify")
 #: Longest reasoning the expert copies from an item's worked solution.
 MAX_THINK_CHARS = 4000
+# RAGEN's whole instruction for MetamathQA, verbatim (config/envs.yaml:193, max_tokens 100 at :194).
+_RAGEN_TEXT = "You are solving Math problems. "
 CORRECT_TEXT = "Correct!"
 INCORRECT_TEXT = "Incorrect. Please think again."
 OFFLINE_HINT = (
@@ -155,6 +157,9 @@ class MetaMathQAEnv(TextEnv):
     def example_response(self) -> str:
         answer = "<answer>42</answer>"
         return f"<think>...</think>{answer}" if self.think else answer
+
+    def ragen_prompt(self) -> RagenPrompt | None:
+        return RagenPrompt(_RAGEN_TEXT, None, 100)
 
     def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
         index = pick_index(self.np_random, len(self.data), options.get("index"))

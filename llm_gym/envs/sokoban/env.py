@@ -77,7 +77,11 @@ _RAGEN_COORD_TEXT = (
     "You cannot push a box through a wall, and you cannot pull a box.\n"
     "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
 )
-_RAGEN_ROLE_WORDS = ("wall", "empty", "target", "box on target", "box", "player", "player on target")
+# RAGEN shows its dataclass default legend in every observation format and for every vocabulary: its config merge
+# reads ``observation_format`` and ``grid_vocab`` from the top level of the ``custom_envs`` entry, where they are
+# absent (they sit under ``env_config``), so it always sees "grid" and the default symbols (ragen/llm_agent/
+# ctx_manager.py:126-132). CoordSokoban and SokobanDifferentGridVocab get this legend too.
+_RAGEN_LEGEND = "#: wall, _: empty, O: target, √: box on target, X: box, P: player, S: player on target"
 
 
 def _cells(cells) -> str:
@@ -410,9 +414,8 @@ class SokobanEnv(TextEnv):
 
     def ragen_prompt(self) -> RagenPrompt | None:
         if self.observation_format == "grid":
-            legend = ", ".join(f"{self.vocab[r]}: {w}" for r, w in zip(ROLES, _RAGEN_ROLE_WORDS))
-            return RagenPrompt(_RAGEN_TEXT, legend, 100)
-        return RagenPrompt(_RAGEN_COORD_TEXT, None, 120)
+            return RagenPrompt(_RAGEN_TEXT, _RAGEN_LEGEND, 100)
+        return RagenPrompt(_RAGEN_COORD_TEXT, _RAGEN_LEGEND, 120)
 
     # ------------------------------------------------------------------------------------- observation
     def _grid(self) -> str:
