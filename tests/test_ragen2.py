@@ -427,14 +427,27 @@ def test_ragen2_rows_per_algorithm_and_no_filter_twin():
         "--env", "Countdown", "--profile", "ragen2", "--algo", "grpo", "--filter_value", "1.0"
     )
     assert config.scale_rewards == "group" and config.max_turns == 1
-    assert config.env_kwargs == {"dataset": "ragen", "parse_mode": "ragen"}
+    assert config.env_kwargs == {"dataset": "ragen", "parse_mode": "ragen", "action_sep": "||"}
     # the no-filter twin keeps every group, as RAGEN's top_p >= 1
     d = decide(
         np.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), 2, strategy="softmax_top_p", value=1.0, include_zero=True
     )
     assert d.keep_groups.all()
     config, _ = _resolve("--env", "MetaMathQA", "--profile", "ragen2")
-    assert config.env_kwargs == {"strict": True} and config.max_turns == 5
+    assert config.env_kwargs == {"strict": True, "parse_mode": "ragen", "action_sep": "||"}
+    assert config.max_turns == 5
+
+
+@pytest.mark.parametrize("env", ["Sokoban", "FrozenLake", "Countdown", "MetaMathQA"])
+def test_ragen2_parses_every_env_with_ragens_parser(env):
+    # RAGEN parses every reply with one regex (ctx_manager.py:196-221); the profile's envs must too (N3).
+    config, _ = _resolve("--env", env, "--profile", "ragen2")
+    assert config.env_kwargs["parse_mode"] == "ragen"
+    import gymnasium as gym
+
+    env_id = "llmgym/MetaMathQASample-v0" if env == "MetaMathQA" else f"llmgym/{env}-v0"  # offline data
+    made = gym.make(env_id, **{k: v for k, v in config.env_kwargs.items() if k != "dataset"})
+    assert made.unwrapped.parse_mode == "ragen"
 
 
 def test_ragen2_refuses_an_environment_it_does_not_cover():

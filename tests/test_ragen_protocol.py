@@ -186,6 +186,51 @@ def test_ragen_data_rules_on_a_local_file(tmp_path):
     assert ours.step("<think>t</think><answer>2 + 3 = 5</answer>")[1] == 1.0
 
 
+def _ragen_executed(reply: str, max_actions_per_turn: int) -> list[str]:
+    # RAGEN with a one-action budget: _parse_response's split and cap (ctx_manager.py:196-221), no action lookup
+    # (es_manager.py:384-394), then valid_actions[:actions_left] with one action left (es_manager.py:231-232).
+    ref = _ragen_reference(reply)
+    return [] if ref is None else ref[2][:max_actions_per_turn][:1]
+
+
+_SPLIT_ENVS = [
+    (gym.make("llmgym/Countdown-v0", parse_mode="ragen", action_sep="||").unwrapped, 1),
+    (gym.make("llmgym/MetaMathQASample-v0", parse_mode="ragen", action_sep="||", strict=True).unwrapped, 2),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["2", "3", " + ", " ", "||", "|", "9", "x"]), max_size=8).map("".join))
+def test_answer_envs_execute_only_the_first_part_before_the_separator(answer):
+    # N11: RAGEN splits every answer on "||"; Countdown (max_actions_per_turn 1, config/_4_countdown.yaml:14) and
+    # MetamathQA (2, config/base.yaml:140) then run only the first part, their budget being one action.
+    reply = f"<think>t</think><answer>{answer}</answer>"
+    for env, per_turn in _SPLIT_ENVS:
+        env.reset(seed=0, options={"nums": [2, 3], "target": 5} if per_turn == 1 else None)
+        info = env.step(reply)[4]
+        expected = _ragen_executed(reply, per_turn)
+        assert info["actions"] == expected, (type(env).__name__, answer)
+        assert info["action_is_valid"] == bool(expected)
+
+
+def test_answer_separator_is_a_named_choice_and_the_default_is_unchanged():
+    reply = "<think>t</think><answer>2 + 3 || 9</answer>"
+    split = gym.make("llmgym/Countdown-v0", parse_mode="ragen", action_sep="||").unwrapped
+    split.reset(seed=0, options={"nums": [2, 3], "target": 5})
+    _, reward, term, _, info = split.step(reply)
+    assert (reward, term, info["actions"], info["dropped_actions"]) == (1.0, True, ["2 + 3"], 1)
+    whole = gym.make("llmgym/Countdown-v0", parse_mode="ragen").unwrapped
+    whole.reset(seed=0, options={"nums": [2, 3], "target": 5})
+    _, reward, _, _, info = whole.step(reply)
+    assert reward == 0.0 and info["actions"] == ["2 + 3 || 9"]  # 9 is not a given number
+    math = gym.make("llmgym/MetaMathQASample-v0", strict=True, action_sep="||").unwrapped
+    _, info = math.reset(seed=0)
+    assert math.step(f"<think>t</think><answer>{info['gold_answer']} || 0</answer>")[1] == 1.0
+    for bad in ("", " ", 3):
+        with pytest.raises(ValueError, match="action_sep"):
+            gym.make("llmgym/Countdown-v0", action_sep=bad)
+
+
 def test_ragen_dataset_offline_is_a_clear_error():
     with pytest.raises(DatasetUnavailableError, match="Countdown-Tasks-3to4"):
         gym.make("llmgym/Countdown-v0", dataset="ragen")

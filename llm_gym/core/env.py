@@ -72,6 +72,15 @@ class RagenPrompt:
     max_tokens: int
 
 
+def check_answer_sep(value: Any) -> str | None:
+    """An answer environment's ``action_sep`` argument: ``None`` (default: the whole answer is the one action) or a
+    non-empty separator such as ``"||"`` (the answer is split on it and only its first part is graded, as RAGEN runs
+    the first of an answer's actions when the episode allows one, ``ragen/llm_agent/es_manager.py:231-232``)."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"action_sep must be None or a non-empty string such as '||', got {value!r:.40}")
+    return value
+
+
 class TextEnv(gym.Env[str, str]):
     """Base class for multi-turn text environments driven by raw LLM responses.
 
@@ -117,8 +126,9 @@ class TextEnv(gym.Env[str, str]):
     game_reward_spec: ClassVar[RewardSpec] = RewardSpec(())
     #: Discrete action vocabulary, matched case-insensitively; ``None`` for free-text answer environments.
     action_names: ClassVar[tuple[str, ...] | None] = None
-    #: Separator between actions in one answer; ``None`` treats the whole answer as one action.
-    action_sep: ClassVar[str | None] = ACTION_SEP
+    #: Separator between actions in one answer; ``None`` treats the whole answer as one action. Answer environments
+    #: take it as an argument (:func:`check_answer_sep`), so it may differ per instance.
+    action_sep: str | None = ACTION_SEP
     #: Glyphs the observations may contain beyond printable ASCII and ``√``.
     glyphs: ClassVar[str] = ""
     #: Upper bound on observation length, in characters.
@@ -394,7 +404,8 @@ class TextEnv(gym.Env[str, str]):
     def _parse_actions(self, parsed: ParsedResponse) -> tuple[list[Any], str | None]:
         """Map answer parts to game actions; return ``(actions, None)`` or ``([], reason)``."""
         if not self.action_names:
-            return [parsed.answer], None
+            # answer envs take one action per turn: with a separator that is the answer's first part
+            return ([parsed.answer] if self.action_sep is None else list(parsed.actions)), None
         actions = []
         for part in parsed.actions:
             name = self._lookup.get(part.lower())

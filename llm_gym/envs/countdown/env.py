@@ -14,6 +14,7 @@ import numpy as np
 
 from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
 from llm_gym.core.checks import is_int
+from llm_gym.core.env import check_answer_sep
 from llm_gym.envs.countdown.arith import (
     OPERATORS,
     PLUS_MINUS_MAX_NUMBERS,
@@ -280,9 +281,11 @@ class CountdownEnv(TextEnv):
       scored by RAGEN's rule (:func:`check_answer_ragen`): the integers anywhere in the answer must be the given
       ones (so ``2+3=5`` scores 0 with ``[2, 3]`` and the format score 0.1 with ``[2, 3, 5]``), then the value
       must equal the target; ``allow_unused`` does not apply.
+    * ``action_sep``: default ``None`` (the whole answer is the expression); ``"||"`` splits the answer on it and
+      scores only the first part, as RAGEN does.
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version; ``action_sep`` added later (its default keeps v0's behaviour).
     """
 
     game_reward_spec = RewardSpec.of(
@@ -306,8 +309,10 @@ class CountdownEnv(TextEnv):
         operators: str | None = None,
         max_rows: int | None = None,
         index_by: str | None = None,
+        action_sep: str | None = None,
         **kwargs: Any,
     ):
+        self.action_sep = check_answer_sep(action_sep)
         if isinstance(dataset, str) and dataset == "ragen":
             given = {"operators": operators, "max_rows": max_rows, "index_by": index_by}
             clash = [k for k, v in given.items() if v is not None and v != RAGEN_DATA_SETTINGS[k]]

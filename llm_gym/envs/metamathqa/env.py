@@ -8,6 +8,7 @@ from typing import Any
 from llm_gym.assets import asset_path
 from llm_gym.core import AnyText, ExpertMove, RagenPrompt, RewardSpec, TextEnv
 from llm_gym.core.checks import is_int
+from llm_gym.core.env import check_answer_sep
 from llm_gym.envs.metamathqa.math_check import extract_gold, is_equivalent
 from llm_gym.envs.metamathqa.math_verify_checker import math_verify_equivalent, require_math_verify
 from llm_gym.envs.task_data import load_records, pick_index
@@ -82,10 +83,12 @@ class MetaMathQAEnv(TextEnv):
     * ``max_attempts``: default 1 (RAGEN's effective setting, see the docs).
     * ``strict``: RAGEN's exact-match rule, default False.
     * ``checker``: ``"builtin"`` (default) or ``"math-verify"``.
-    * ``max_turns``: default ``None`` (``max(5, max_attempts)``), and the common ``TextEnv`` arguments.
+    * ``max_turns``: default ``None`` (``max(5, max_attempts)``).
+    * ``action_sep``: default ``None`` (the whole answer is graded); ``"||"`` splits the answer on it and grades
+      only the first part, as RAGEN does. And the common ``TextEnv`` arguments.
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version; ``action_sep`` added later (its default keeps v0's behaviour).
     """
 
     game_reward_spec = RewardSpec.of(
@@ -106,8 +109,10 @@ class MetaMathQAEnv(TextEnv):
         strict: bool = False,
         checker: str = "builtin",
         max_turns: int | None = None,
+        action_sep: str | None = None,
         **kwargs: Any,
     ):
+        self.action_sep = check_answer_sep(action_sep)
         if not is_int(max_attempts) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
         self.max_attempts = int(max_attempts)
