@@ -77,6 +77,17 @@ ENVS: tuple[EnvEntry, ...] = (
         {"observation_format": "grid_coord", "observation_style": "ragen", "success_rate": 1.0},
     ),
     EnvEntry(
+        "llmgym/RagenCoordFrozenLake-v1",
+        _FL,
+        "RagenCoordFrozenLake-v0 with RAGEN's map draw: a seed gives RAGEN's map (its 512 validation maps)",
+        {
+            "observation_format": "grid_coord",
+            "observation_style": "ragen",
+            "success_rate": 1.0,
+            "generator": "ragen",
+        },
+    ),
+    EnvEntry(
         "llmgym/Bandit-v0", _BANDIT, "two-armed symbolic bandit, arm name pairs from RAGEN-2's train list"
     ),
     EnvEntry(

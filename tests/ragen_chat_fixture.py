@@ -77,7 +77,7 @@ CASES = {
         ],
     ),
     "coord_frozen_lake": (
-        "llmgym/RagenCoordFrozenLake-v0",
+        "llmgym/RagenCoordFrozenLake-v1",
         "CoordFrozenLake",
         "_3_frozen_lake.yaml",
         3,

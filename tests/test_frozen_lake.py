@@ -10,11 +10,12 @@ from llm_gym.envs.frozen_lake.env import ACTIONS, _has_path, generate_map
 MOVE = "<think>t</think><answer>{}</answer>"
 
 
-@pytest.mark.parametrize("size,p", [(4, 0.9), (4, 0.8), (6, 0.5), (8, 0.9), (3, 0.01)])
-def test_generated_maps_have_a_path(size, p):
+@pytest.mark.parametrize("generator", ["llmgym", "ragen"])
+@pytest.mark.parametrize("size,p", [(4, 0.9), (4, 0.8), (6, 0.5), (8, 0.9), (3, 0.01), (2, 0.01)])
+def test_generated_maps_have_a_path(size, p, generator):
     rng = np.random.default_rng(0)
     for _ in range(30):
-        rows = generate_map(rng, size, p)
+        rows = generate_map(rng, size, p, generator=generator)
         assert len(rows) == size and all(len(r) == size for r in rows)
         assert "".join(rows).count("S") == 1 and "".join(rows).count("G") == 1
         assert _has_path("".join(rows), size)
@@ -125,6 +126,7 @@ def test_coordinate_observation():
         {"max_turns": 0},
         {"max_actions_per_turn": 1.5},
         {"render_mode": "svg"},
+        {"generator": "RAGEN"},
     ],
 )
 def test_bad_arguments_are_clear_errors(kwargs):

@@ -423,6 +423,7 @@ def test_ragen2_rows_per_algorithm_and_no_filter_twin():
     config, _ = _resolve("--env", "FrozenLake", "--profile", "ragen2", "--algo", "drgrpo")
     assert config.loss_agg_mode == "seq-mean-token-sum" and config.scale_rewards == "none"
     assert config.loss_type == "dr_grpo" and config.env_kwargs["success_rate"] == 1.0
+    assert config.env_kwargs["generator"] == "ragen"  # RAGEN's maps per seed (N8)
     config, _ = _resolve(
         "--env", "Countdown", "--profile", "ragen2", "--algo", "grpo", "--filter_value", "1.0"
     )

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -331,7 +332,60 @@ def test_observation_style_is_a_named_choice_and_the_default_is_unchanged(env_id
 
 
 def test_ragen_coord_ids():
-    fl = gym.make("llmgym/RagenCoordFrozenLake-v0").unwrapped
-    assert (fl.observation_format, fl.observation_style, fl.success_rate) == ("grid_coord", "ragen", 1.0)
+    for version, generator in (("v0", "llmgym"), ("v1", "ragen")):
+        fl = gym.make(f"llmgym/RagenCoordFrozenLake-{version}").unwrapped
+        assert (fl.observation_format, fl.observation_style, fl.success_rate) == ("grid_coord", "ragen", 1.0)
+        assert fl.generator == generator
     sk = gym.make("llmgym/RagenCoordSokoban-v0").unwrapped
     assert (sk.observation_format, sk.observation_style) == ("grid_coord", "ragen")
+
+
+# ------------------------------------------------------------------------------------- FrozenLake maps
+def _ragen_frozen_lake_map(seed: int, size: int = 4, p: float = 0.9) -> list[str]:
+    """Transcription of RAGEN's ``generate_random_map`` and ``is_valid`` (``ragen/env/frozen_lake/utils.py:71-106``
+    at 20daedc), seeded as RAGEN's env seeds it on ``reset(seed)`` (``map_seed = seed``, ``env.py:35-38``)."""
+    from gymnasium.utils import seeding
+
+    def is_valid(board, max_size):
+        frontier, discovered = [], set()
+        start_r, start_c = np.where(np.array(board) == "S")
+        frontier.append((start_r[0], start_c[0]))
+        while frontier:
+            r, c = frontier.pop()
+            if (r, c) not in discovered:
+                discovered.add((r, c))
+                for dr, dc in [(1, 0), (0, 1), (-1, 0), (0, -1)]:
+                    r_new, c_new = r + dr, c + dc
+                    if 0 <= r_new < max_size and 0 <= c_new < max_size:
+                        if board[r_new][c_new] == "G":
+                            return True
+                        if board[r_new][c_new] != "H":
+                            frontier.append((r_new, c_new))
+        return False
+
+    np_random, _ = seeding.np_random(seed)
+    while True:
+        board = np_random.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        start_r, start_c = np_random.integers(size, size=2)
+        goal_r, goal_c = np_random.integers(size, size=2)
+        if (start_r, start_c) != (goal_r, goal_c):
+            board[start_r][start_c], board[goal_r][goal_c] = "S", "G"
+            if is_valid(board, size):
+                break
+    return ["".join(row) for row in board]
+
+
+def test_ragen_generator_gives_ragens_512_validation_maps():
+    # RAGEN-2 validates on seeds 123.. (config/base.yaml:10, 165-170; es_manager.py:131): 512 FrozenLake maps.
+    v1 = gym.make("llmgym/RagenCoordFrozenLake-v1").unwrapped
+    v0 = gym.make("llmgym/RagenCoordFrozenLake-v0").unwrapped
+    same_v0 = 0
+    for seed in range(123, 123 + 512):
+        ragen = _ragen_frozen_lake_map(seed)
+        _, info = v1.reset(seed=seed)
+        assert info["map"] == ragen, seed
+        same_v0 += v0.reset(seed=seed)[1]["map"] == ragen
+    assert same_v0 < 50  # llm-gym's own draw gives other maps from the same seeds (v0 is kept as it was)
+    # the player starts on RAGEN's start cell, and the RAGEN draw is only used where asked for
+    assert "".join(ragen)[v1.player[0] * 4 + v1.player[1]] == "S"
+    assert gym.make("llmgym/FrozenLake-v0").unwrapped.generator == "llmgym"

@@ -21,6 +21,8 @@ _INDEX = {name: i for i, name in enumerate(ACTIONS)}
 MAX_SIZE = 64
 #: ``observation_style`` values: our coordinate text, or RAGEN's exact one.
 OBSERVATION_STYLES = ("llmgym", "ragen")
+#: ``generator`` values: how a map is drawn from the seed (same distribution, different map per seed).
+GENERATORS = ("llmgym", "ragen")
 
 # RAGEN's prompt text for FrozenLake, verbatim (RAGEN-2's protocol is defined by it): the instructions and "max
 # words" hints (``max_tokens``) of FrozenLake and CoordFrozenLake in RAGEN's ``config/envs.yaml``, and the symbol
@@ -41,21 +43,39 @@ _RAGEN_COORD_TEXT = (
 _RAGEN_LEGEND = "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal"
 
 
-def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 200) -> list[str]:
+def generate_map(
+    rng: np.random.Generator, size: int, p: float, max_tries: int = 200, generator: str = "llmgym"
+) -> list[str]:
     """A ``size x size`` map of ``S F H G`` rows: frozen with probability ``p``, random distinct start and goal,
     and a path from start to goal. After ``max_tries`` failed draws a path is carved from the same stream, so
-    generation always ends."""
+    generation always ends.
+
+    ``generator="ragen"`` makes RAGEN's random calls (``ragen/env/frozen_lake/utils.py:99-104``): the board as one
+    ``choice`` over ``F``/``H``, then start and goal as ``(row, col)`` pairs, the whole draw repeated until they
+    differ and a path exists; seeded like RAGEN's env (``reset(seed=s)``), it gives RAGEN's map for seed ``s``.
+    ``"llmgym"`` draws start and goal as flat indices, the goal among the other cells (fewer redraws).
+    """
     n = size * size
     cells: list[str] = []
     start = goal = 0
     for _ in range(max_tries):
-        cells = ["F" if f else "H" for f in (rng.random(n) < p).tolist()]
-        start, goal = int(rng.integers(n)), int(rng.integers(n - 1))
-        goal += goal >= start  # uniform over cells other than the start
+        if generator == "ragen":
+            cells = rng.choice(["F", "H"], (size, size), p=[p, 1 - p]).ravel().tolist()
+            (sr, sc), (gr, gc) = rng.integers(size, size=2), rng.integers(size, size=2)
+            start, goal = int(sr) * size + int(sc), int(gr) * size + int(gc)
+            if start == goal:
+                continue
+        else:
+            cells = ["F" if f else "H" for f in (rng.random(n) < p).tolist()]
+            start, goal = int(rng.integers(n)), int(rng.integers(n - 1))
+            goal += goal >= start  # uniform over cells other than the start
         cells[start], cells[goal] = "S", "G"
         if _has_path(cells, size):
             break
     else:
+        if start == goal:  # the last RAGEN-style draw put both on one cell
+            goal = (start + 1) % n
+            cells[start], cells[goal] = "S", "G"
         # Carve an L-shaped path of frozen cells from S to G (rare: only for tiny p).
         (r, c), (gr, gc) = divmod(start, size), divmod(goal, size)
         while (r, c) != (gr, gc):
@@ -151,10 +171,14 @@ class FrozenLakeEnv(TextEnv):
     * ``observation_format``: ``"grid"`` (default) or ``"grid_coord"``.
     * ``observation_style``: ``"llmgym"`` (default) or ``"ragen"`` (RAGEN's exact coordinate text; ``grid`` is
       the same in both).
+    * ``generator``: ``"llmgym"`` (default) or ``"ragen"`` (RAGEN's random calls, so ``reset(seed=s)`` gives the
+      map RAGEN's env draws for seed ``s``; the same distribution either way).
     * The common ``TextEnv`` arguments.
 
     ## Version history
-    * v0: initial version.
+    * v0: initial version. ``generator`` was added later; its default keeps every v0 id's maps.
+    * ``llmgym/RagenCoordFrozenLake-v1``: v0 of that id plus ``generator="ragen"``, so its seeds give RAGEN's
+      maps (RAGEN-2's 512 validation maps are seeds 123-634). ``-v0`` keeps llm-gym's draw.
     """
 
     game_reward_spec = RewardSpec.of(
@@ -173,6 +197,7 @@ class FrozenLakeEnv(TextEnv):
         success_rate: float = 0.8,
         observation_format: str = "grid",
         observation_style: str = "llmgym",
+        generator: str = "llmgym",
         **kwargs: Any,
     ):
         if not is_int(size) or not 2 <= size <= MAX_SIZE:
@@ -188,6 +213,9 @@ class FrozenLakeEnv(TextEnv):
             raise ValueError(
                 f"observation_style must be one of {OBSERVATION_STYLES}, got {observation_style!r}"
             )
+        if generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
+        self.generator = generator
         self.size, self.p, self.success_rate = size, float(p), float(success_rate)
         self.observation_format = observation_format
         self.observation_style = observation_style
@@ -222,7 +250,7 @@ class FrozenLakeEnv(TextEnv):
                     f"make it with size={max(len(self.desc), len(self.desc[0]))} or more"
                 )
         else:
-            self.desc = generate_map(self.np_random, self.size, self.p)
+            self.desc = generate_map(self.np_random, self.size, self.p, generator=self.generator)
         start = "".join(self.desc).index("S")
         self.player = divmod(start, len(self.desc[0]))
         self._obs = None
