@@ -549,6 +549,10 @@ def test_config_rejects_bad_protocol_options(tmp_path):
         LLMGymGRPOConfig(**base, dual_clip=3.0, top_entropy_quantile=0.5)
     with pytest.raises(ValueError, match="critic_model"):
         LLMGymGRPOConfig(**base, critic_model="twin")
+    with pytest.raises(ValueError, match="variance"):
+        LLMGymGRPOConfig(**base, filter_strategy="upstream_top_p", filter_metric="std")
+    with pytest.raises(ValueError, match="filter_variance_ddof"):
+        LLMGymGRPOConfig(**base, filter_variance_ddof=-1)
 
 
 # ------------------------------------------------------------------------------------------ trainer wiring

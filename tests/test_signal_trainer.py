@@ -11,6 +11,7 @@ import llm_gym.trainer.grpo as grpo_module
 import numpy as np
 import pytest
 import torch
+from llm_gym.trainer.batch import loss_mask
 from llm_gym.trainer.signals import SignalState, after_scoring, log_mi
 
 from tests._tiny import make_tiny_trainer, tiny_run_kwargs
@@ -202,3 +203,37 @@ def test_evaluation_plays_episodes_without_a_loss_pass(tiny_dir, tmp_path, monke
     assert spy.loss_inputs == []
     assert "eval_loss" not in metrics
     assert 0.0 <= metrics["eval_env/success"] <= 1.0 and "eval_env/valid_action_rate" in metrics
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_masking_equals_removal_under_token_count_normalisation(tiny_dir, tmp_path, monkeypatch, loss_type):
+    """The upstream PRs mask filtered groups' loss and leave them out of the token count; we can also remove them
+    from the batch. With TRL's token-mean (``dapo``: token sum / tokens of the update batch) and one optimizer step
+    per round, the two give the same update. With a per-sequence mean (``grpo``) a masked row still counts in its
+    micro-batch's row mean, so masking halves this update (2 rows per micro-batch, one of them masked)."""
+    deltas = {}
+    for drop in ("remove", "mask"):
+        tr, spy = make(
+            tiny_dir,
+            tmp_path / drop,
+            monkeypatch,
+            rewards_with_variance_in({1}),
+            max_steps=1,
+            gradient_accumulation_steps=3,  # 6 rows = 3 micro-batches of 2 = one optimizer step
+            filter_strategy="upstream_top_p",
+            filter_drop=drop,
+            loss_type=loss_type,
+            optim="sgd",  # the update is -lr * gradient, so its scale shows (AdamW's first step would hide it)
+            learning_rate=1.0,
+            max_grad_norm=0.0,
+        )
+        w0 = weights(tr)
+        tr.train()
+        (after,) = spy.after
+        kept = after["completion_ids"].shape[0]
+        assert kept == (3 if drop == "remove" else 6)  # 2 kept rows (+1 padding row) vs every row
+        assert int(after["num_items_in_batch"]) == int(loss_mask(after).sum())  # filtered tokens not counted
+        deltas[drop] = torch.cat([(w1 - w).flatten() for w, w1 in zip(w0, weights(tr))])
+    assert deltas["remove"].abs().max() > 0
+    expected = deltas["remove"] if loss_type == "dapo" else 0.5 * deltas["remove"]
+    torch.testing.assert_close(deltas["mask"], expected, rtol=1e-4, atol=1e-7)

@@ -13,6 +13,7 @@ from llm_gym.trainer.snr_filter import (
     group_scores,
     loss_scale,
     select_groups,
+    upstream_top_p,
 )
 
 
@@ -167,6 +168,142 @@ def test_top_p_value_one_keeps_every_candidate_group():
     assert select_groups(s, "top_p", 1.0).tolist() == [True, True, True, False, True]
     assert select_groups(s, "top_p", 1.0, include_zero=True).all()
     assert select_groups(np.array([0.004, 0.003]), "top_p", 1.0).all()  # below eps, still kept
+
+
+# --------------------------------------------------------------------------- the upstream rule
+def upstream_reference(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    top_p: float,
+    include_zero: bool,
+    selection_eps: float,
+    ddof: int,
+) -> set:
+    """The group selection of RAGEN's authors' reward-variance top-p PRs (huggingface/trl#7242,
+    verl-project/verl#7894, NovaSky-AI/SkyRL#2217), transcribed from what the PRs publish: the descriptions (sample
+    variance with a configurable ``ddof``, ``include_zero``, the smallest stable prefix of groups by variance
+    reaching ``top_p`` of the variance mass, ``selection_eps``) and SkyRL's selection loop as quoted in its review
+    thread (candidates ``include_zero or variance > 0``, sorted by variance descending, ``target = top_p *
+    total_variance - selection_eps``, add groups while ``target > 0`` until the cumulative variance reaches it).
+    The diffs themselves are not in the stored copies; NaN rewards are left out of their group's variance (our
+    reading of the PRs' NaN handling)."""
+    groups = rewards.double().view(-1, group_size)
+    variances = []
+    for row in groups:
+        finite = row[~torch.isnan(row)]
+        variances.append(finite.var(correction=ddof).item() if finite.numel() > max(ddof, 1) else 0.0)
+    candidates = [g for g, v in enumerate(variances) if include_zero or v > 0.0]
+    candidates.sort(key=lambda g: variances[g], reverse=True)  # Python's sort is stable
+    target = top_p * sum(variances) - selection_eps
+    selected, cumulative = set(), 0.0
+    if target > 0.0:
+        for g in candidates:
+            selected.add(g)
+            cumulative += variances[g]
+            if cumulative >= target:
+                break
+    return selected
+
+
+def upstream_rewards(rng: np.random.Generator, groups: int, size: int) -> np.ndarray:
+    """0/1 and graded rewards with ties, all-equal groups and unscorable (NaN) samples."""
+    kind = rng.integers(5)
+    if kind == 0:  # 0/1 success, groups of every difficulty (many all-0 / all-1 groups)
+        p = np.repeat(rng.choice([0.0, 0.05, 0.3, 0.5, 0.9, 1.0], groups), size)
+        r = (rng.uniform(size=groups * size) < p).astype(float)
+    elif kind == 1:  # Sokoban-like graded returns
+        r = rng.choice([-1.0, -0.3, -0.1, 0.0, 9.3, 10.9], size=groups * size)
+    elif kind == 2:  # Countdown-like: 0, format score 0.1, 1
+        r = rng.choice([0.0, 0.1, 1.0], size=groups * size, p=[0.6, 0.3, 0.1])
+    elif kind == 3:  # continuous, small or large scale
+        r = rng.normal(0, rng.choice([0.01, 0.1, 3.0]), groups * size)
+    else:  # coarse grid: many ties
+        r = np.round(rng.uniform(0, 1, groups * size), 1)
+    r[rng.uniform(size=r.size) < rng.choice([0.0, 0.1])] = np.nan
+    return r
+
+
+@pytest.mark.parametrize(
+    ("include_zero", "ddof", "eps", "top_p"),
+    [
+        (False, 1, 0.01, 0.9),
+        (True, 1, 0.01, 0.9),
+        (False, 0, 0.01, 0.9),
+        (False, 1, 0.0, 1.0),
+        (True, 1, 0.05, 0.5),
+    ],
+)
+def test_upstream_rule_matches_a_transcription_of_the_prs_selection(include_zero, ddof, eps, top_p):
+    rng = np.random.default_rng(7)
+    mismatches = 0
+    for _ in range(1200):
+        groups, size = int(rng.integers(1, 13)), int(rng.choice([2, 4, 8, 16]))
+        r = upstream_rewards(rng, groups, size)
+        ours = decide(r, size, "upstream_top_p", top_p, include_zero, eps, metric="variance", ddof=ddof)
+        ref = upstream_reference(
+            torch.tensor(r), size, top_p=top_p, include_zero=include_zero, selection_eps=eps, ddof=ddof
+        )
+        # torch's and numpy's variance may differ in the last bit, which can reorder groups whose variance is
+        # equal in exact arithmetic: compare the kept variances, so such tied groups are interchangeable
+        kept = np.flatnonzero(ours.keep_groups).tolist()
+        v = ours.variances
+        mismatches += len(kept) != len(ref) or not np.allclose(
+            np.sort(v[kept]), np.sort(v[sorted(ref)]), rtol=0, atol=1e-12
+        )
+    assert mismatches == 0
+
+
+def test_upstream_rule_differs_from_ours_where_the_prs_say_so():
+    # eps in variance units, not squared: std 0.1 (variance 0.01) groups are rejected upstream, kept by top_p
+    small = np.array([0.1, -0.1, 0.1, 0.1, -0.1, -0.1, -0.1, -0.1])
+    assert decide(small, 4, "upstream_top_p").skip
+    assert not decide(small, 4, "top_p").skip
+    # no special case at top_p = 1: the slack still drops the smallest group
+    assert upstream_top_p(np.array([1.0, 0.5, 0.005]), 1.0).tolist() == [True, True, False]
+    assert select_groups(np.array([1.0, 0.5, 0.005]), "top_p", 1.0).all()
+    # zero means exactly zero; ties keep the lower index; an all-zero batch is skipped even with include_zero
+    assert upstream_top_p(np.array([1e-12, 1.0]), 0.9, selection_eps=0.0).tolist() == [False, True]
+    assert upstream_top_p(np.array([1e-12, 1.0]), 1.0, selection_eps=0.0).tolist() == [True, True]
+    assert upstream_top_p(np.array([2.0, 2.0, 2.0]), 0.5).tolist() == [True, True, False]
+    assert not upstream_top_p(np.zeros(3), 0.9, include_zero=True).any()
+    # ddof: population variance of (0, 1) is 0.25, the sample variance 0.5
+    np.testing.assert_allclose(group_scores(np.array([0.0, 1.0]), 2, ddof=0), [0.25])
+    np.testing.assert_allclose(decide(np.array([0.0, 1.0]), 2, "upstream_top_p", ddof=0).variances, [0.25])
+    with pytest.raises(ValueError, match="variance"):
+        decide(small, 4, "upstream_top_p", metric="std")
+    with pytest.raises(ValueError, match="ddof"):
+        group_scores(small, 4, ddof=-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 16), st.lists(st.integers(0, 2**16 - 1), min_size=8, max_size=8))
+def test_ragens_main_table_rule_keeps_seven_or_eight_of_eight_groups_on_0_1_rewards(size, bits):
+    # A group std on 0/1 rewards is at most sqrt(G / (4 (G - 1))) <= 0.71, so the softmax probabilities of 8
+    # groups differ by at most e^0.71 ~ 2.03x: six groups hold at most 12.2 / 14.2 = 0.86 < 0.9 of the mass.
+    rewards = np.array([[(b >> i) & 1 for i in range(size)] for b in bits], dtype=float).reshape(-1)
+    d = decide(rewards, size, "softmax_top_p", 0.9, include_zero=True, metric="std")
+    assert d.keep_groups.sum() >= 7
+
+
+def test_filter_rules_benchmark_quick_run():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "filter_rules.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "/" in line]
+    assert len(rows) == 8 and all(line.count("%") == 6 for line in rows)
+    zero_one = [float(line.split("|")[2].split()[0]) for line in rows[:3]]
+    assert all(7.0 <= k <= 8.0 for k in zero_one)  # the main-table rule on 0/1 rewards
 
 
 # --------------------------------------------------------------------------- row removal

@@ -54,7 +54,7 @@ MAX_NEW_TOKENS = 400
 EPISODES_FILE = "episodes.jsonl"
 
 # Choices of the string-valued fields (validated in ``__post_init__``).
-FILTER_STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "off")
+FILTER_STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "upstream_top_p", "off")
 FILTER_METRICS = ("variance", "std")
 FILTER_DROPS = ("remove", "mask")
 FILTER_LOSS_SCALINGS = ("none", "linear", "sqrt")
@@ -273,7 +273,9 @@ class FilterArguments:
         default="top_p",
         metadata={
             "help": "Group filter on per-group reward spread: top_p (RAGEN-2 cumulative variance mass), top_k, "
-            "min_p, softmax_top_p (RAGEN's older rule) or off."
+            "min_p, softmax_top_p (RAGEN's older rule, its main table's), upstream_top_p (the rule RAGEN's authors "
+            "proposed to TRL/veRL/SkyRL: linear top-p over the variance, filter_eps unsquared; loss masking there, "
+            "filter_drop=mask) or off."
         },
     )
     filter_value: float = field(
@@ -293,13 +295,21 @@ class FilterArguments:
         default=0.01,
         metadata={
             "help": "top_p threshold slack in reward units (RAGEN: 0.01 on its std score; squared for the variance "
-            "score): keep the smallest prefix reaching rho*total - eps; rho*total <= eps rejects the batch."
+            "score): keep the smallest prefix reaching rho*total - eps; rho*total <= eps rejects the batch. "
+            "upstream_top_p takes it in variance units as given (the PRs' selection_eps)."
         },
     )
     filter_metric: str = field(
         default="variance",
         metadata={
             "help": "Group score: variance (the paper) or std (RAGEN's code); unbiased estimator either way."
+        },
+    )
+    filter_variance_ddof: int = field(
+        default=1,
+        metadata={
+            "help": "Delta degrees of freedom of the group reward variance / std the filter ranks by: 1 (unbiased, "
+            "RAGEN's torch std and the upstream PRs' default) or 0 (population)."
         },
     )
     filter_loss_scaling: str = field(
@@ -352,6 +362,14 @@ class FilterArguments:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not _nonnegative_int(self.filter_variance_ddof):
+            raise ValueError(
+                f"filter_variance_ddof must be an integer >= 0, got {self.filter_variance_ddof!r}"
+            )
+        if self.filter_strategy == "upstream_top_p" and self.filter_metric != "variance":
+            raise ValueError(
+                "filter_strategy='upstream_top_p' ranks groups by the reward variance; set filter_metric='variance'"
+            )
         if self.filter_update_steps == "proportional" and self.filter_drop != "remove":
             raise ValueError("filter_update_steps='proportional' needs filter_drop='remove'")
         if not _nonnegative_int(self.filter_empty_stop_steps):

@@ -59,6 +59,7 @@ PROTOCOL_KEYS = (
     "filter_include_zero",
     "filter_value",
     "filter_eps",
+    "filter_variance_ddof",
     "filter_loss_scaling",
     "filter_update_steps",
     "advantages_after_filter",

@@ -159,6 +159,7 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
         include_zero=args.filter_include_zero,
         eps=args.filter_eps,
         metric=args.filter_metric,
+        ddof=args.filter_variance_ddof,
     )
     lo = acc.process_index * n_local
     keep_local = torch.from_numpy(dec.keep_rows(G)[lo : lo + n_local].copy())

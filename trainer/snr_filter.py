@@ -15,11 +15,16 @@ Strategies (``select_groups``):
 * ``softmax_top_p``: nucleus cut on ``softmax(scores)`` (RAGEN ``ragen/trainer/rollout_filter.py``
   ``top_p_prob_mode=softmax``, the rule RAGEN-2's main table ran, with the std score and zero groups
   included); ``value >= 1`` keeps every candidate, as RAGEN does.
+* ``upstream_top_p``: the rule RAGEN's authors proposed to TRL, veRL and SkyRL (huggingface/trl#7242,
+  verl-project/verl#7894, NovaSky-AI/SkyRL#2217; :func:`upstream_top_p`): linear top-p over the reward
+  *variance* mass, ``eps`` in variance units as given (not squared), no special case at ``value = 1``,
+  and a group counts as zero only at exactly 0. Variance score only.
 * ``off``: keep every group, never skip.
 
 With ``include_zero=False`` zero-score groups are never candidates, so an all-zero batch is
 skipped by every strategy except ``off``. Ties are broken by group index (earlier first), so the
-result is deterministic.
+result is deterministic. ``ddof`` sets the variance's delta degrees of freedom (1: unbiased, RAGEN's std and
+the upstream rule's default).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "off")
+STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "upstream_top_p", "off")
 METRICS = ("variance", "std")
 ZERO_TOL = 1e-10  # a group score at or below this counts as zero signal (RAGEN uses the same bound)
 
@@ -52,15 +57,20 @@ def episode_rewards(rewards_per_func: np.ndarray, weights: np.ndarray | None = N
     return total
 
 
-def group_scores(rewards: np.ndarray, num_generations: int, metric: str = "variance") -> np.ndarray:
+def group_scores(
+    rewards: np.ndarray, num_generations: int, metric: str = "variance", ddof: int = 1
+) -> np.ndarray:
     """Per-group spread of rewards laid out group-contiguously (``num_groups * G`` samples).
 
-    The unbiased sample variance (``metric="variance"``, the paper) or its square root
-    (``"std"``, RAGEN's code). NaN rewards (unscorable samples) are left out of their group; a
-    group with fewer than two finite rewards scores 0 (no signal). Infinite rewards raise.
+    The sample variance (``metric="variance"``, the paper) or its square root (``"std"``, RAGEN's code), with
+    ``ddof`` delta degrees of freedom (1: unbiased). NaN rewards (unscorable samples) are left out of their
+    group; a group with at most ``ddof`` finite rewards (and always one with fewer than two) scores 0 (no
+    signal). Infinite rewards raise.
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if isinstance(ddof, bool) or not isinstance(ddof, (int, np.integer)) or ddof < 0:
+        raise ValueError(f"ddof must be an integer >= 0, got {ddof!r}")
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 to measure a group's spread, got {num_generations}")
     r = np.asarray(rewards, dtype=np.float64).reshape(-1)
@@ -74,7 +84,7 @@ def group_scores(rewards: np.ndarray, num_generations: int, metric: str = "varia
     safe = np.where(finite, groups, 0.0)
     mean = safe.sum(axis=1) / np.maximum(n, 1)
     sq = (np.where(finite, groups - mean[:, None], 0.0) ** 2).sum(axis=1)
-    var = np.where(n >= 2, sq / np.maximum(n - 1, 1), 0.0)
+    var = np.where((n >= 2) & (n > ddof), sq / np.maximum(n - ddof, 1), 0.0)
     return np.sqrt(var) if metric == "std" else var
 
 
@@ -88,6 +98,30 @@ def metric_eps(eps: float, metric: str) -> float:
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     return float(eps) ** 2 if metric == "variance" else float(eps)
+
+
+def upstream_top_p(
+    variances: np.ndarray, top_p: float, include_zero: bool = False, selection_eps: float = 0.01
+) -> np.ndarray:
+    """Keep-mask of the reward-variance top-p rule RAGEN's authors proposed upstream (huggingface/trl#7242,
+    verl-project/verl#7894, NovaSky-AI/SkyRL#2217), from the PRs' stated rule.
+
+    Candidates are the groups with a variance above exactly 0 (every group with ``include_zero``). With
+    ``target = top_p * total_variance - selection_eps`` (``selection_eps`` in variance units), an empty mask when
+    ``target <= 0`` or no group is a candidate; otherwise the candidates sorted by variance, descending and
+    stable (ties: lower index first), up to and including the first whose cumulative variance reaches
+    ``target`` (all of them if none does). The PRs apply the mask to the loss instead of removing the rows.
+    """
+    v = np.asarray(variances, dtype=np.float64).reshape(-1)
+    keep = np.zeros(v.size, dtype=bool)
+    cand = np.arange(v.size) if include_zero else np.flatnonzero(v > 0.0)
+    target = top_p * v.sum() - selection_eps
+    if cand.size == 0 or not target > 0.0:
+        return keep
+    order = cand[np.argsort(-v[cand], kind="stable")]
+    k = int(np.searchsorted(np.cumsum(v[order]), target, side="left")) + 1
+    keep[order[: min(k, order.size)]] = True
+    return keep
 
 
 def _order(scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -111,6 +145,8 @@ def select_groups(
     if strategy == "off":
         keep[:] = True
         return keep
+    if strategy == "upstream_top_p":
+        return upstream_top_p(s, value, include_zero, eps)
     cand = np.arange(s.size) if include_zero else np.flatnonzero(s > ZERO_TOL)
     if cand.size == 0:
         return keep
@@ -173,7 +209,7 @@ class FilterDecision:
 
     keep_groups: np.ndarray  # (num_groups,) bool
     scores: np.ndarray  # (num_groups,) the ranking statistic
-    variances: np.ndarray  # (num_groups,) unbiased reward variance, for logging
+    variances: np.ndarray  # (num_groups,) reward variance (with ddof), for logging
 
     @property
     def skip(self) -> bool:
@@ -196,12 +232,19 @@ def decide(
     include_zero: bool = False,
     eps: float = 0.01,
     metric: str = "variance",
+    ddof: int = 1,
 ) -> FilterDecision:
     """Score the groups of one batch of episode rewards and select the ones to train on.
 
-    ``eps`` is the top_p slack in reward units; it is converted to the metric's units (:func:`metric_eps`).
+    ``eps`` is the top_p slack in reward units, converted to the metric's units (:func:`metric_eps`); for
+    ``upstream_top_p`` it is the PRs' ``selection_eps``, in variance units as given.
     """
-    variances = group_scores(rewards, num_generations, "variance")
-    scores = variances if metric == "variance" else group_scores(rewards, num_generations, metric)
-    keep = select_groups(scores, strategy, value, include_zero, metric_eps(eps, metric))
+    if strategy == "upstream_top_p" and metric != "variance":
+        raise ValueError(
+            "filter strategy 'upstream_top_p' ranks groups by the reward variance; use metric 'variance'"
+        )
+    variances = group_scores(rewards, num_generations, "variance", ddof)
+    scores = variances if metric == "variance" else group_scores(rewards, num_generations, metric, ddof)
+    slack = eps if strategy == "upstream_top_p" else metric_eps(eps, metric)
+    keep = select_groups(scores, strategy, value, include_zero, slack)
     return FilterDecision(keep_groups=keep, scores=scores, variances=variances)
