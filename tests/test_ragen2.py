@@ -378,6 +378,7 @@ RAGEN2_EXPECTED = {
     "filter_metric": "std",
     "filter_include_zero": True,
     "filter_value": 0.9,
+    "filter_variance_ddof": 1,
     "filter_update_steps": "proportional",
     "advantages_after_filter": True,
     "filter_empty_stop_steps": 5,
