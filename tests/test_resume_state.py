@@ -181,6 +181,7 @@ def test_early_stop_callbacks_round_trip_their_state():
     again.on_step_end(None, SimpleNamespace(global_step=4), control)  # the second low round in a row: stop
     assert control.should_training_stop and "reward std collapsed" in st.stop_reason
     low = LowSuccessStopCallback(SignalState(), 0.5, 3)
+    low.on_train_begin(None, SimpleNamespace(global_step=0), control)  # only evaluations inside train() count
     low.on_evaluate(None, SimpleNamespace(global_step=1), control, metrics={"eval_env/success": 0.1})
     restored = LowSuccessStopCallback(SignalState(), 0.5, 3)
     restored.load_state_dict(json.loads(json.dumps(low.state_dict())))
