@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llm_gym.core.checks import is_int
+
 STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "upstream_top_p", "off")
 METRICS = ("variance", "std")
 ZERO_TOL = 1e-10  # a group score at or below this counts as zero signal (RAGEN uses the same bound)
@@ -69,7 +71,7 @@ def group_scores(
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, np.integer)) or ddof < 0:
+    if not is_int(ddof) or ddof < 0:
         raise ValueError(f"ddof must be an integer >= 0, got {ddof!r}")
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 to measure a group's spread, got {num_generations}")
