@@ -583,16 +583,14 @@ def _os_error(e: OSError) -> str:
 def run(config: Any, meta: dict[str, Any]) -> int:
     """Load the model (the heavy part) and train; prints success before and after training."""
     from llm_gym.trainer.algorithms import trainer_class
-    from llm_gym.trainer.models import ModelError, load_model_and_tokenizer
+    from llm_gym.trainer.models import ModelError
+    from llm_gym.trainer.precision import load_for_training
     from llm_gym.trainer.rollouts import ChatTemplateError
 
     t0 = time.time()
     try:
-        dtype = "float32" if config.use_cpu or not has_gpu() else "auto"
-        # A LoRA adapter folder as --model: its adapter keeps training (with --use_peft TRL refuses it).
-        model, tokenizer = load_model_and_tokenizer(
-            str(meta["model"]), dtype=dtype, chat_template=config.chat_template, adapter_trainable=True
-        )
+        # float32 master weights (bf16 = autocast); a LoRA adapter folder as --model keeps training its adapter
+        model, tokenizer, _ = load_for_training(str(meta["model"]), config, gpu=has_gpu())
         cls = trainer_class(meta["algo"])
         # The rollout function probes the chat template here, before any training or evaluation.
         trainer = cls(model=model, args=config, processing_class=tokenizer)

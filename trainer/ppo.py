@@ -76,14 +76,16 @@ def backbone(lm: nn.Module) -> nn.Module:
     raise ValueError(f"cannot find the backbone of {type(lm).__name__}; PPO needs a transformers causal LM")
 
 
-def attach_value_head(model: nn.Module, init_std: float = 1e-3) -> nn.Linear:
+def attach_value_head(
+    model: nn.Module, init_std: float = 1e-3, dtype: torch.dtype = torch.float32
+) -> nn.Linear:
     """Attach (or return the existing) ``v_head`` on the causal LM inside ``model``; kept out of save_pretrained."""
     lm = causal_lm(model)
     if isinstance(getattr(lm, "v_head", None), nn.Linear):
         return lm.v_head
     hidden = lm.config.get_text_config().hidden_size
     ref = next(lm.parameters())
-    head = nn.Linear(hidden, 1, device=ref.device, dtype=torch.float32)
+    head = nn.Linear(hidden, 1, device=ref.device, dtype=dtype)
     nn.init.normal_(head.weight, std=init_std)
     nn.init.zeros_(head.bias)
     lm.v_head = head
@@ -110,16 +112,18 @@ class ValueModel(nn.Module):
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
 
 
-def attach_critic(model: nn.Module, init_std: float = 1e-3) -> ValueModel:
+def attach_critic(model: nn.Module, init_std: float = 1e-3, dtype: torch.dtype | None = None) -> ValueModel:
     """Attach (or return the existing) separate critic ``critic`` to the causal LM inside ``model``: a deep copy of
-    its backbone (the policy's initial weights, as veRL loads the critic from the policy's path) and a fresh value
-    head; kept out of the policy's ``save_pretrained``."""
+    its backbone (the policy's initial weights, as veRL loads the critic from the policy's path) in ``dtype``
+    (None: the policy's) and a fresh float32 value head; kept out of the policy's ``save_pretrained``."""
     lm = causal_lm(model)
     if isinstance(getattr(lm, "critic", None), ValueModel):
         return lm.critic
     if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
         raise ValueError("critic_model='separate' is not supported with PEFT/LoRA; use critic_model='head'")
     body = copy.deepcopy(backbone(lm))
+    if dtype is not None:
+        body.to(dtype)
     critic = ValueModel(body, lm.config.get_text_config().hidden_size, init_std)
     critic.requires_grad_(True)
     lm.critic = critic
@@ -141,11 +145,19 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         self._value_buffer: list[torch.Tensor] | None = None
         self._critic: ValueModel | None = None
         if self.args.critic_model == "separate":
-            self._critic = attach_critic(self.model, self.args.value_head_init_std)
+            dtype = self._precision("critic").load  # float32 master weights, as the policy's (precision.py)
+            self._critic = attach_critic(self.model, self.args.value_head_init_std, getattr(torch, dtype))
             self._v_head = self._critic.v_head
         else:
-            self._v_head = attach_value_head(self.model, self.args.value_head_init_std)
+            dtype = self._precision("value_head").load
+            self._v_head = attach_value_head(self.model, self.args.value_head_init_std, getattr(torch, dtype))
             backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
+
+    def _precision(self, role: str) -> Any:
+        from llm_gym.trainer.precision import backend_of, decide_precision
+
+        gpu = self.accelerator.device.type != "cpu"
+        return decide_precision(self.args, gpu=gpu, backend=backend_of(self.accelerator), role=role)
 
     @property
     def critic(self) -> ValueModel | None:
