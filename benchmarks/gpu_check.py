@@ -2,7 +2,7 @@
 memory estimate.
 
 Sizes a run before a long job: builds the model from its ``config.json`` alone (random initialisation, nothing
-downloaded; Qwen2.5-3B's config ships in ``tests/data/qwen2.5-3b/``), reads the batch and length settings of a
+downloaded; Qwen2.5-3B's config ships in ``trainer/model_configs/``), reads the batch and length settings of a
 training profile (``trainer/profiles/<profile>/<env>.yaml``), and times a few rounds of
 
 - generation: the round's rollouts on this device (``num_prompts x num_generations`` rows), ``max_turns`` turns
@@ -43,7 +43,7 @@ from typing import Any
 import _offline  # noqa: F401  (offline env vars and repo path, before any torch import)
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = ROOT / "tests" / "data" / "qwen2.5-3b" / "config.json"
+DEFAULT_CONFIG = ROOT / "trainer" / "model_configs" / "Qwen" / "Qwen2.5-3B" / "config.json"
 #: Profile keys the check reads, with the values used when a profile leaves them out.
 DEFAULTS = {
     "num_prompts": 8,

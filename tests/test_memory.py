@@ -18,7 +18,11 @@ from llm_gym.trainer.memory import (
 
 from tests._tiny import TINY_QWEN2_SHAPE
 
-QWEN_3B = json.loads((Path(__file__).parent / "data" / "qwen2.5-3b" / "config.json").read_text())
+QWEN_3B = json.loads(
+    (
+        Path(__file__).parents[1] / "trainer" / "model_configs" / "Qwen" / "Qwen2.5-3B" / "config.json"
+    ).read_text()
+)
 TINY = {"model_type": "qwen2", "vocab_size": 400, **TINY_QWEN2_SHAPE}
 
 
@@ -144,3 +148,45 @@ def test_bad_inputs_are_refused():
         TrainingSetup(sharding="zero4")
     with pytest.raises(ValueError):
         TrainingSetup(per_device_batch=0)
+
+
+def test_precision_decides_the_bytes_fp32_master_weights_cost_16_per_parameter():
+    from types import SimpleNamespace
+
+    from llm_gym.trainer.memory import precision_setup
+    from llm_gym.trainer.precision import decide_precision
+
+    def setup(backend, dtype="float32", **kw):
+        cfg = SimpleNamespace(dtype=dtype, bf16=True, fp16=False, use_cpu=False, use_peft=False)
+        return TrainingSetup(**precision_setup(decide_precision(cfg, gpu=True, backend=backend)), **kw)
+
+    n = 3_085_938_688
+    default = estimate_memory(QWEN_3B, setup("none"))
+    c = default.components
+    assert (c["weights"], c["gradients"], c["optimizer"]) == (4 * n, 4 * n, 8 * n + 4 * 434)
+    # bf16 autocast: activations, logits and the KV cache in bfloat16, not float32
+    assert (
+        c["kv_cache"]
+        == estimate_memory(QWEN_3B, TrainingSetup(weight_dtype="bfloat16")).components["kv_cache"]
+    )
+    # the opt-in: bf16 weights, gradients and (torch AdamW) bf16 moments, 8 bytes per parameter
+    optin = estimate_memory(QWEN_3B, setup("none", dtype="bfloat16")).components
+    assert (optin["weights"], optin["optimizer"]) == (2 * n, 4 * n + 4 * 434)
+    # DeepSpeed: bf16 module, fp32 master + moments in the optimizer
+    ds = estimate_memory(QWEN_3B, setup("deepspeed")).components
+    assert (ds["weights"], ds["optimizer"]) == (2 * n, 12 * n + 4 * 434)
+    # FSDP x8: float32 shards, the gathered layer in bf16
+    fsdp = estimate_memory(QWEN_3B, setup("fsdp", sharding="fsdp", num_devices=8)).components
+    assert fsdp["weights"] == -(-4 * n // 8)
+    assert fsdp["gathered_layer"] == 2 * ModelShape.from_config(QWEN_3B).layer_parameters() * 2
+
+
+def test_separate_critic_counts_the_backbone_without_an_untied_lm_head():
+    untied = {**QWEN_3B, "tie_word_embeddings": False}
+    shape = ModelShape.from_config(untied)
+    e = estimate_memory(untied, TrainingSetup(weight_dtype="float32", critic=True)).components
+    backbone = shape.parameters() - shape.vocab_size * shape.hidden_size
+    tensors = shape.parameter_tensors() - 1  # no lm_head
+    assert e["critic"] == 16 * backbone + 4 * tensors + e["activations"]
+    assert e["value_head"] == 16 * (shape.hidden_size + 1) + 8
+    assert estimate_memory(untied, TrainingSetup()).components["value_head"] == 0

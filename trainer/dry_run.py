@@ -9,8 +9,10 @@ model's ``config.json`` (:mod:`llm_gym.trainer.memory`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 #: Settings printed by ``--dry_run`` (every other setting a layer changed is printed after them).
@@ -74,6 +76,7 @@ PROTOCOL_KEYS = (
     "eval_strategy",
     "eval_steps",
     "bf16",
+    "dtype",
     "gradient_checkpointing",
     "use_vllm",
 )
@@ -168,8 +171,21 @@ def format_rows(rows: list[tuple[str, str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+#: ``config.json`` files (JSON only, no weights) of the models the profiles and docs name, as published on the
+#: Hugging Face hub; see ``model_configs/README.md`` for where each copy comes from.
+BUNDLED_CONFIGS = Path(__file__).with_name("model_configs")
+
+
+def bundled_model_configs() -> dict[str, Path]:
+    """Hub id -> bundled ``config.json`` (``Qwen/Qwen2.5-3B`` -> ``model_configs/Qwen/Qwen2.5-3B/config.json``)."""
+    return {
+        f"{p.parent.parent.name}/{p.parent.name}": p for p in sorted(BUNDLED_CONFIGS.glob("*/*/config.json"))
+    }
+
+
 def find_model_config(model: str, explicit: str | None = None) -> Path | None:
-    """The model's ``config.json``: ``explicit``, the local folder's, or the cached hub snapshot's (no download)."""
+    """The model's ``config.json``: ``explicit``, the local folder's, the cached hub snapshot's (no download), or
+    the copy bundled with llm-gym for the models the profiles name (matched by exact hub id, never as a path)."""
     if explicit:
         p = Path(explicit)
         if p.is_dir():
@@ -185,8 +201,10 @@ def find_model_config(model: str, explicit: str | None = None) -> Path | None:
 
         hit = try_to_load_from_cache(str(model), "config.json")
     except Exception:  # noqa: BLE001 - any lookup failure just means: not cached
-        return None
-    return Path(hit) if isinstance(hit, str) else None
+        hit = None
+    if isinstance(hit, str):
+        return Path(hit)
+    return bundled_model_configs().get(str(model))
 
 
 def accelerate_setup(path: str | None) -> tuple[str, int]:
@@ -209,62 +227,104 @@ def accelerate_setup(path: str | None) -> tuple[str, int]:
     return "none", procs
 
 
-def memory_report(config: Any, meta: dict[str, Any]) -> tuple[str, bool | None]:
-    """The per-GPU memory table for the resolved settings and whether it fits ``gpu_memory_gib`` (None: unknown)."""
+def _setup_for(config: Any, meta: dict[str, Any], sharding: str, procs: int) -> tuple[Any, Any]:
+    """``(TrainingSetup, Precision)`` of the resolved run on one of ``procs`` devices under ``sharding``: the
+    weights as :func:`llm_gym.trainer.precision.decide_precision` loads them for that backend."""
     from llm_gym.trainer import memory
     from llm_gym.trainer.algorithms import get_algorithm
+    from llm_gym.trainer.precision import decide_precision
 
     merged = dict(meta.get("merged") or {})
 
     def val(key: str) -> Any:
         return merged[key] if key in merged else getattr(config, key)
 
-    path = find_model_config(str(meta.get("model")), meta.get("model_config"))
-    if path is None:
-        return (
-            f"memory: no config.json found for {meta.get('model')!r} (not a local folder, not in the hub cache); "
-            "pass --model_config PATH/config.json",
-            None,
-        )
-    model_cfg = json.loads(path.read_text(encoding="utf-8"))
-    sharding, procs = accelerate_setup(meta.get("accelerate_config"))
-    rows = int(val("per_device_train_batch_size"))
+    settings = SimpleNamespace(
+        dtype=val("dtype"),
+        bf16=bool(val("bf16")),
+        fp16=bool(val("fp16")),
+        use_cpu=False,
+        use_peft=bool(val("use_peft")),
+        lora_modules_to_save=val("lora_modules_to_save"),
+    )
+    backend = {"none": "ddp" if procs > 1 else "none", "fsdp": "fsdp"}.get(sharding, "deepspeed")
+    precision = decide_precision(settings, gpu=True, backend=backend)
+    algo = get_algorithm(str(meta.get("algo")))
     per_round = int(val("num_prompts") or 1) * int(val("num_generations"))
-    uses_critic = get_algorithm(str(meta.get("algo"))).uses_critic
-    bf16 = bool(val("bf16"))
     setup = memory.TrainingSetup(
-        per_device_batch=rows,
+        per_device_batch=int(val("per_device_train_batch_size")),
         # the completion holds every turn; the first prompt is short next to it (system + first state)
         prompt_length=512,
         completion_length=int(val("max_completion_length")),
-        generation_batch=max(1, per_round // procs),
-        weight_dtype="bfloat16" if bf16 else "float32",
-        master_weights=bf16 and sharding != "none",
+        generation_batch=max(1, math.ceil(per_round / procs)),
+        **memory.precision_setup(precision),
         gradient_checkpointing=bool(val("gradient_checkpointing")),
         sharding=sharding,
         num_devices=procs,
-        critic=uses_critic and val("critic_model") == "separate",
+        critic=algo.uses_critic and val("critic_model") == "separate",
+        value_head=algo.uses_critic,
         reference_model=float(val("beta")) != 0.0,
         use_vllm=bool(val("use_vllm")),
         vllm_gpu_memory_utilization=float(merged.get("vllm_gpu_memory_utilization", 0.3)),
     )
-    gpu = meta.get("gpu_memory_gib")
-    if setup.use_vllm and gpu is None:
-        return "memory: with use_vllm pass --gpu_memory_gib (vLLM reserves a share of the GPU)", None
-    est = memory.estimate_memory(model_cfg, setup, gpu_gib=gpu)
-    head = (
-        f"memory per GPU ({path}; {est.parameters / 1e9:.2f}B parameters, {sharding} x {procs} process(es), "
-        f"{rows} rows x {setup.prompt_length}+{setup.completion_length} tokens per micro-batch):"
-    )
-    text = head + "\n" + memory.format_table(est)
-    ok = None
-    if gpu is not None:
-        ok = memory.fits(est.total, gpu)
-        verdict = "fits" if ok else "does NOT fit"
-        text += (
-            f"\n{verdict} a {gpu:g} GiB GPU (estimate {est.total / memory.GIB:.1f} GiB, 10% headroom kept)"
+    return setup, precision
+
+
+def memory_report(config: Any, meta: dict[str, Any]) -> tuple[str, bool | None]:
+    """The per-GPU memory of the resolved settings: the table of the chosen setting, one line with its GiB per GPU
+    and whether it fits ``gpu_memory_gib`` (else 80 and 141 GiB), and the plan over 1/2/4/8 GPUs with and without
+    FSDP. Returns ``(text, fits)`` (``fits`` None: not known)."""
+    from llm_gym.trainer import memory
+
+    path = find_model_config(str(meta.get("model")), meta.get("model_config"))
+    if path is None:
+        have = ", ".join(bundled_model_configs())
+        return (
+            f"memory: no config.json found for {meta.get('model')!r} (not a local folder, not in the hub cache, "
+            f"not one of the bundled configs: {have}); pass --model_config PATH/config.json",
+            None,
         )
-    return text, ok
+    model_cfg = json.loads(path.read_text(encoding="utf-8"))
+    sharding, procs = accelerate_setup(meta.get("accelerate_config"))
+    setup, precision = _setup_for(config, meta, sharding, procs)
+    gpu = meta.get("gpu_memory_gib")
+    sizes = (float(gpu),) if gpu else memory.PLAN_GPU_GIB
+    # vLLM reserves a share of the GPU it runs on, so with it the totals depend on the GPU size
+    est = memory.estimate_memory(model_cfg, setup, gpu_gib=sizes[0])
+    models = "policy + critic" if setup.critic else "policy"
+    lines = [
+        f"memory per GPU ({path}; {est.parameters / 1e9:.2f}B parameters, {models}, "
+        f"{memory.plan_label(sharding, procs)}, {setup.per_device_batch} rows x "
+        f"{setup.prompt_length}+{setup.completion_length} tokens per micro-batch; weights {precision.load} -> "
+        f"{precision.params}, AdamW on {precision.master}, compute {precision.compute}):",
+        memory.format_table(est),
+    ]
+    if getattr(config, "use_peft", False):
+        lines.append(
+            "LoRA: counted as full fine-tuning (an upper bound: the adapters' states are not modelled)"
+        )
+    totals = {g: memory.estimate_memory(model_cfg, setup, gpu_gib=g).total for g in sizes}
+    verdicts = ", ".join(
+        f"{'fits' if memory.fits(t, g) else 'does NOT fit'} {g:g} GiB" for g, t in totals.items()
+    )
+    lines.append(
+        f"memory: {totals[sizes[0]] / memory.GIB:.1f} GiB per GPU ({memory.plan_label(sharding, procs)}): "
+        f"{verdicts} (10% headroom kept)"
+    )
+    rows = []
+    for n in memory.PLAN_DEVICES:
+        for kind in ("none",) if n == 1 else ("none", "fsdp"):
+            s, _ = _setup_for(config, meta, kind, n)
+            rows.append(
+                (
+                    memory.plan_label(kind, n),
+                    {g: memory.estimate_memory(model_cfg, s, gpu_gib=g).total for g in sizes},
+                )
+            )
+    lines += ["memory plan (per GPU, same settings; FSDP shards weights, gradients and AdamW state):"]
+    lines.append(memory.format_plan(rows, sizes))
+    ok = memory.fits(totals[sizes[0]], sizes[0]) if gpu else None
+    return "\n".join(lines), ok
 
 
 def dry_run(config: Any, meta: dict[str, Any], out=print) -> int:
@@ -277,4 +337,13 @@ def dry_run(config: Any, meta: dict[str, Any], out=print) -> int:
     return 0
 
 
-__all__ = ["PROTOCOL_KEYS", "dry_run", "memory_report", "protocol_rows", "yaml_citations"]
+__all__ = [
+    "BUNDLED_CONFIGS",
+    "PROTOCOL_KEYS",
+    "bundled_model_configs",
+    "dry_run",
+    "find_model_config",
+    "memory_report",
+    "protocol_rows",
+    "yaml_citations",
+]

@@ -4,17 +4,23 @@ No weights are loaded: :class:`ModelShape` reads the few config fields that fix 
 Llama / Qwen2-style decoder (``hidden_size``, ``intermediate_size``, layers, heads, KV heads, vocabulary, tied
 embeddings, QKV bias), and :func:`estimate_memory` returns the bytes of each component on one device:
 
-- ``weights``, ``gradients`` and ``optimizer`` (AdamW: two fp32 moments per parameter, a 4-byte ``step`` per
-  parameter tensor as ``torch.optim.AdamW`` keeps it, and an fp32 master copy when the weights are 16-bit and
-  ``master_weights`` is set, as DeepSpeed and FSDP mixed precision keep): exact for unsharded runs (tested against
-  tensors measured on CPU), divided over the devices by ZeRO stage / FSDP full sharding;
+- ``weights``, ``gradients`` and ``optimizer`` (AdamW: two moments per parameter in the dtype of the copy it
+  updates, a 4-byte ``step`` per parameter tensor as ``torch.optim.AdamW`` keeps it, and an fp32 master copy when
+  the weights are 16-bit and ``master_weights`` is set, as DeepSpeed's bf16 mode keeps): exact for unsharded runs
+  (tested against tensors measured on CPU), divided over the devices by ZeRO stage / FSDP full sharding.
+  :func:`precision_setup` turns a :class:`llm_gym.trainer.precision.Precision` into these fields, so a run is
+  counted the way it is loaded: float32 weights + float32 gradients + float32 AdamW moments (16 bytes per
+  parameter) with bfloat16 activations under autocast;
 - ``activations`` of one micro-batch: the tensors a decoder layer saves for backward (SDPA / flash attention, no
   materialised score matrix), every layer without gradient checkpointing, one layer's input per layer plus one
   full layer with it. An estimate, not a measurement: allocator fragmentation and temporary buffers come on top;
 - ``logits`` of one micro-batch over the completion tokens (16-bit logits plus an fp32 log-softmax buffer);
 - ``kv_cache`` of HF ``generate`` for the generation batch (0 with vLLM, whose cache lives in its own share);
-- ``critic`` (a separate full critic model: its weights, gradients and optimizer state), ``reference`` (a frozen
-  reference model for a KL penalty), ``vllm`` (colocated vLLM's ``gpu_memory_utilization`` share of the GPU).
+- ``critic`` (a separate critic: the policy's backbone without an untied LM head, its weights, gradients, optimizer
+  state and activations), ``value_head`` (``Linear(hidden, 1)`` in float32 with its AdamW state), ``reference`` (a
+  frozen reference model for a KL penalty), ``vllm`` (colocated vLLM's ``gpu_memory_utilization`` share).
+
+:func:`memory_plan` sizes one setting over 1/2/4/8 GPUs with and without FSDP.
 
 :func:`fits` compares a total with a GPU size. Used by ``benchmarks/gpu_check.py`` (printed next to measured
 peaks) and meant for ``llmgym-train --dry_run``.
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 GIB = 1024**3
@@ -157,6 +163,7 @@ class TrainingSetup:
     sharding: str = "none"
     num_devices: int = 1
     critic: bool = False  # a separate full critic model (RAGEN-2's PPO)
+    value_head: bool = False  # a Linear(hidden, 1) value head (PPO; the separate critic has one too)
     reference_model: bool = False  # frozen reference weights for a KL penalty (beta > 0)
     use_vllm: bool = False
     vllm_gpu_memory_utilization: float = 0.3
@@ -257,11 +264,19 @@ def estimate_memory(
     comps = dict(states)
     if SHARDING[setup.sharding][0]:
         # a fully sharded model gathers one layer's full weights at a time (twice with prefetch)
-        comps["gathered_layer"] = 2 * shape.layer_parameters() * dtype_bytes(setup.weight_dtype)
+        # in the compute dtype (FSDP's MixedPrecisionPolicy gathers bf16 copies of float32 shards)
+        gathered = setup.activation_dtype or setup.weight_dtype
+        comps["gathered_layer"] = 2 * shape.layer_parameters() * dtype_bytes(gathered)
     comps["activations"] = activation_bytes(shape, setup)
     comps["logits"] = logits_bytes(shape, setup)
     comps["kv_cache"] = kv_cache_bytes(shape, setup)
-    comps["critic"] = sum(states.values()) + comps["activations"] if setup.critic else 0
+    if setup.critic:  # the backbone: embedding, layers and final norm, no (untied) LM head
+        critic_states = model_state_bytes(replace(shape, tie_word_embeddings=True), setup)
+        comps["critic"] = sum(critic_states.values()) + comps["activations"]
+    else:
+        comps["critic"] = 0
+    # float32 weight, gradient and two AdamW moments per element, plus a step scalar for weight and bias
+    comps["value_head"] = (16 * (shape.hidden_size + 1) + 8) if (setup.value_head or setup.critic) else 0
     comps["reference"] = (
         math.ceil(
             shape.parameters()
@@ -280,12 +295,58 @@ def estimate_memory(
     return MemoryEstimate(components={k: int(v) for k, v in comps.items()}, parameters=shape.parameters())
 
 
+def precision_setup(precision: Any) -> dict[str, Any]:
+    """:class:`TrainingSetup` dtype fields for a :class:`llm_gym.trainer.precision.Precision` (its ``params``,
+    ``master`` and ``compute``): the weights and gradients as the module holds them, activations in the compute
+    dtype, AdamW moments in the dtype of the copy it updates, and a float32 master copy of 16-bit weights when the
+    backend keeps one (DeepSpeed)."""
+    params, master, compute = str(precision.params), str(precision.master), str(precision.compute)
+    return {
+        "weight_dtype": params,
+        "activation_dtype": compute,
+        "master_weights": master == "float32" and dtype_bytes(params) < 4,
+        "optimizer_state_dtype": "float32" if master == "float32" else params,
+    }
+
+
 def fits(total: int, gpu_gib: float, *, headroom: float = 0.1) -> bool:
     """Whether ``total`` bytes fit a ``gpu_gib`` GPU keeping ``headroom`` (a fraction) free for the CUDA
     context, the allocator's fragmentation and temporary buffers."""
     if gpu_gib <= 0 or not 0 <= headroom < 1:
         raise ValueError("gpu_gib must be > 0 and headroom in [0, 1)")
     return total <= gpu_gib * GIB * (1 - headroom)
+
+
+#: GPU sizes the memory plan checks (GiB of an 80 GB A100/H100 and a 141 GB H200) and the process counts it spans.
+PLAN_GPU_GIB = (80.0, 141.0)
+PLAN_DEVICES = (1, 2, 4, 8)
+
+
+def plan_label(sharding: str, num_devices: int) -> str:
+    """``1 GPU``, ``DDP x4``, ``FSDP x8``, ``ZERO3 x8``: one row of the memory plan."""
+    if num_devices == 1 and sharding == "none":
+        return "1 GPU"
+    return f"{'DDP' if sharding == 'none' else sharding.upper()} x{num_devices}"
+
+
+def format_plan(rows: list[tuple[str, dict[float, int]]], gpu_gibs: tuple[float, ...] = PLAN_GPU_GIB) -> str:
+    """The plan as text: one row per setting with its per-GPU total (GiB) and whether it fits each GPU size
+    (10% headroom). ``rows``: ``(label, {gpu_gib: total bytes})`` (the total depends on the GPU size only through
+    vLLM's share)."""
+    head = f"{'setting':<10}{'GiB per GPU':>12}" + "".join(f"{f'fits {g:g} GiB':>14}" for g in gpu_gibs)
+    lines = [head]
+    for label, totals in rows:
+        first = totals[gpu_gibs[0]]
+        shown = (
+            f"{first / GIB:.1f}"
+            if len(set(totals.values())) == 1
+            else "/".join(f"{totals[g] / GIB:.1f}" for g in gpu_gibs)
+        )
+        lines.append(
+            f"{label:<10}{shown:>12}"
+            + "".join(f"{('yes' if fits(totals[g], g) else 'no'):>14}" for g in gpu_gibs)
+        )
+    return "\n".join(lines)
 
 
 def format_table(estimate: MemoryEstimate, measured: Mapping[str, float] | None = None) -> str:
