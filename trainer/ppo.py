@@ -206,7 +206,10 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         if self._critic is not None:
-            return self._critic_values(ids, attn, P, C, self.args.per_device_train_batch_size)
+            # the critic is called directly, outside the prepared model's autocast forward: bf16 compute on the
+            # float32 weights, as in the loss
+            with self.accelerator.autocast():
+                return self._critic_values(ids, attn, P, C, self.args.per_device_train_batch_size)
         with self._capturing_values() as buf:
             self._get_per_token_logps_and_entropies(
                 self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size

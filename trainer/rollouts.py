@@ -482,6 +482,8 @@ class EnvRolloutFunc:
                     gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
                 ) as model,
                 torch.no_grad(),
+                # bf16 autocast on the float32 weights also before train() prepares the model (the first evaluation)
+                accelerator.autocast() if accelerator is not None else nullcontext(),
                 ctx.summon_full_params(trainer.model_wrapped, recurse=False)
                 if ctx is not None
                 else nullcontext(),
