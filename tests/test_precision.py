@@ -244,3 +244,17 @@ def test_changed_fraction_counts_elements(tiny_dir):
     assert changed_fraction(lin, snap) == 1 / 10
     with pytest.raises(ValueError):
         changed_fraction(lin, {})
+
+
+def test_update_precision_benchmark_quick_mode(capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import update_precision
+
+    rows = update_precision.run(update_precision.argparse.Namespace(quick=True, model=None, lr=[1e-6]))
+    (row,) = rows
+    assert row["lr"] == 1e-6 and row["float32_changed"] > 0.99 and 0 < row["bfloat16_changed"] < 0.05
+    assert row["mean_abs_change_ratio"] > 10
+    assert "tiny Qwen2" in update_precision.format_rows(rows)

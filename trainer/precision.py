@@ -3,7 +3,7 @@
 AdamW's step at the learning rates RL fine-tuning uses (1e-6 to 1e-5) is far below half a bfloat16 step of a
 typical weight (about 1e-4 at |w| = 0.02), so on bfloat16 weights with no float32 copy most updates round away:
 one step at lr 1e-6 changes 2.3% of a tiny random Qwen2's elements and 0.4% of SmolLM2-135M's, against
-99.5-100% in float32 (``benchmarks/update_precision.py``). Training therefore keeps float32 weights, and
+99.8-100% in float32 (``benchmarks/update_precision.py``). Training therefore keeps float32 weights, and
 ``bf16=True`` means bfloat16 *autocast* (the matmuls run in bfloat16 on float32 weights), as TRL does when it
 loads a model itself (TRL ``GRPOTrainer``: ``dtype`` defaults to float32).
 
@@ -53,7 +53,7 @@ ROLES = ("policy", "critic", "value_head")
 #: What a step on bfloat16 weights loses, measured (``benchmarks/update_precision.py``, one AdamW step).
 BF16_LOSS = (
     "AdamW updates smaller than half a bfloat16 step of the weight are rounded away: one step at lr 1e-6 "
-    "changes 0.4% of SmolLM2-135M's elements (1.8% at 1e-5) against 99.5% in float32"
+    "changes 0.4% of SmolLM2-135M's elements (1.8% at 1e-5) against 99.8% in float32"
 )
 
 
