@@ -14,7 +14,15 @@ training profile (``trainer/profiles/<profile>/<env>.yaml``), and times a few ro
 
 and reports generation tokens/s, update seconds per optimizer step and per round, peak memory of the device per
 phase (CUDA: ``max_memory_allocated``; CPU: the process's peak RSS), and the estimate of
-:mod:`llm_gym.trainer.memory` for the same settings side by side. The reference in the same run is that
+:mod:`llm_gym.trainer.memory` for the same settings side by side. It also reports what a GPU run will show first:
+
+- the parameter dtype after ``llmgym-train``'s loading path (:func:`llm_gym.trainer.precision.load_for_training`
+  on a 2-layer copy of the shape saved in bfloat16, as checkpoints ship): float32 unless ``dtype: bfloat16``;
+- the fraction of trainable elements one optimizer step with the profile's settings (learning rate, weight
+  decay, betas, gradient clipping; ``ragen2``: lr 1e-6) changes, on the weights the check trains;
+- whether generation stops at ``<|im_end|>`` for a base model (eos ``<|endoftext|>``, turns closed by
+  ``<|im_end|>``): HF ``generate`` through llm-gym's rollout backend, and with ``--use_vllm`` vLLM with the stop
+  tokens llm-gym passes, each next to the eos-only default, with ``<|im_end|>`` forced as the first token. The reference in the same run is that
 estimate (ratio measured / estimated). Single device: for DDP / FSDP / ZeRO, run it on one GPU and read the
 sharded estimate (``--sharding``, ``--num_devices``).
 
@@ -55,7 +63,12 @@ DEFAULTS = {
     "max_turns": 1,
     "gradient_checkpointing": True,
     "bf16": True,
+    "dtype": "float32",
     "learning_rate": 1e-6,
+    "weight_decay": 0.01,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "max_grad_norm": 1.0,
     "beta": 0.0,
     "vllm_gpu_memory_utilization": 0.3,
 }
@@ -67,8 +80,11 @@ def load_profile(env: str, profile: str = "recommended", path: str | None = None
 
     if path is None:
         import llm_gym.trainer as pkg
+        from llm_gym.trainer.cli import load_profile as load_merged
 
-        path = str(Path(pkg.__file__).parent / "profiles" / profile / f"{env.lower()}.yaml")
+        # the environment's file on top of the profile's _common.yaml, as llmgym-train reads it
+        data = load_merged(Path(pkg.__file__).parent / "profiles" / profile / f"{env.lower()}.yaml")
+        return {k: v for k, v in data.items() if k != "per_algo"}
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f.read(1_000_000)) or {}
     if not isinstance(data, dict):
@@ -231,7 +247,25 @@ def generate_vllm(
     return ctx, total, time.perf_counter() - start
 
 
-def update(model, optimizer, seqs, p: dict, mb: int, device, meter: Meter) -> list[float]:
+def autocast(device, bf16: bool):
+    """bf16 autocast on ``device`` when ``bf16`` (what ``bf16=True`` means for llmgym-train), else a no-op."""
+    import torch
+
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(bf16))
+
+
+def micro_batch_backward(model, ids, completion: int, scale: float) -> None:
+    """Forward + completion log-prob loss + backward of one micro-batch (under the caller's autocast)."""
+    import torch
+
+    logits = model(input_ids=ids, logits_to_keep=completion + 1).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -completion:, None]).squeeze(-1)
+    (-logp.mean() * scale).backward()
+
+
+def update(
+    model, optimizer, seqs, p: dict, mb: int, device, meter: Meter, bf16: bool = False, max_grad_norm=None
+) -> list[float]:
     """Micro-batched forward + completion log-prob loss + backward; AdamW step every ga micro-batches.
     Returns the seconds of each optimizer step."""
     import torch
@@ -242,17 +276,180 @@ def update(model, optimizer, seqs, p: dict, mb: int, device, meter: Meter) -> li
     times, start = [], time.perf_counter()
     for i in range(p["micro_batches"]):
         ids = seqs[i * mb : (i + 1) * mb].to(device)
-        logits = model(input_ids=ids, logits_to_keep=completion + 1).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -completion:, None]).squeeze(-1)
-        (-logp.mean() / ga).backward()
-        del logits, logp
+        with autocast(device, bf16):
+            micro_batch_backward(model, ids, completion, 1 / ga)
         if (i + 1) % ga == 0 or i + 1 == p["micro_batches"]:
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)  # keep the gradient buffers, as the trainer does
             meter.sync()
             times.append(time.perf_counter() - start)
             start = time.perf_counter()
     return times
+
+
+def loading_check(config: dict, settings: dict, device) -> dict:
+    """The dtype ``llmgym-train``'s loading path gives the weights on this device: a 2-layer copy of the shape,
+    saved in bfloat16 as published checkpoints are, loaded by :func:`llm_gym.trainer.precision.load_for_training`
+    with the profile's ``dtype`` and ``bf16``."""
+    from types import SimpleNamespace
+
+    import torch
+    from llm_gym.trainer.precision import load_for_training, trainable_dtypes
+
+    from tests._tiny import build_tiny_tokenizer
+
+    small = {**config, "num_hidden_layers": 2, "max_window_layers": 2}
+    model = build_model(small, torch.bfloat16, torch.device("cpu"), False)
+    run = SimpleNamespace(
+        dtype=settings["dtype"],
+        bf16=bool(settings["bf16"]),
+        fp16=False,
+        use_cpu=device.type == "cpu",
+        use_peft=False,
+        lora_modules_to_save=None,
+        chat_template=None,
+        deepspeed=None,
+        fsdp=None,
+    )
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        build_tiny_tokenizer("chatml").save_pretrained(d)
+        del model
+        loaded, _, precision = load_for_training(d, run, gpu=device.type == "cuda", log=None)
+    return {
+        "checkpoint_dtype": "bfloat16",
+        "parameter_dtypes": trainable_dtypes(loaded),
+        "load": precision.load,
+        "master": precision.master,
+        "compute": precision.compute,
+        "reason": precision.reason,
+        "warning": precision.warning,
+    }
+
+
+def step_change(model, optimizer, seqs, p: dict, mb: int, device, settings: dict) -> dict:
+    """The fraction of trainable elements one optimizer step with the profile's settings changes (one
+    micro-batch; the snapshot is kept on the CPU)."""
+    import torch
+    from llm_gym.trainer.precision import changed_fraction
+
+    before = {n: t.detach().to("cpu", copy=True) for n, t in model.named_parameters() if t.requires_grad}
+    optimizer.zero_grad(set_to_none=False)
+    model.train()
+    with autocast(device, settings["bf16"]):
+        micro_batch_backward(model, seqs[:mb].to(device), p["completion_length"], 1.0)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), float(settings["max_grad_norm"]))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    return {
+        "learning_rate": float(settings["learning_rate"]),
+        "changed_fraction": changed_fraction(model, before),
+        "parameter_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+
+
+def _force_token(model, token_id: int):
+    """Make ``token_id`` the most likely next token at every step (a hook on the LM head's output), so that
+    whether generation stops there depends on the stop tokens alone."""
+
+    def hook(module, args, output):
+        output[..., token_id] += 1e4
+        return output
+
+    return model.get_output_embeddings().register_forward_hook(hook)
+
+
+def hf_stop_check(device, max_new_tokens: int = 16) -> dict:
+    """Does HF ``generate`` stop at ``<|im_end|>`` for a base model? The tiny ChatML model set up as Qwen2.5
+    base is (eos ``<|endoftext|>``), through llm-gym's rollout backend (``HFGenerate`` with
+    ``template_stop_ids``) and with the model's eos alone, ``<|im_end|>`` forced as the first token."""
+    import torch
+    from llm_gym.trainer.models import load_model_and_tokenizer
+    from llm_gym.trainer.rollouts import HFGenerate, template_stop_ids
+
+    from tests._tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as d:
+        model, tok = load_model_and_tokenizer(build_tiny_model(d), dtype="float32")
+    # Qwen2.5 base: ChatML tokens are special, eos is <|endoftext|> in the tokenizer and the generation config
+    tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|endoftext|>"
+    eos, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.eos_token_id = eos
+    model.to(device).eval()
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+    stop_ids = template_stop_ids(tok)
+    handle = _force_token(model, im_end)
+    try:
+        gen = HFGenerate(model, tok, model.generation_config, stop_ids, device)
+        ours = gen([prompt], [max_new_tokens])[0][0]
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=torch.tensor([prompt], device=device),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+        default = out[0, len(prompt) :].tolist()
+    finally:
+        handle.remove()
+    return {
+        "stop_ids": stop_ids,
+        "im_end_id": im_end,
+        "llmgym_tokens": len(ours),
+        "llmgym_stops_at_im_end": ours[:1] == [im_end] and len(ours) == 1,
+        "eos_only_tokens": len(default),
+        "eos_only_stops_at_im_end": len(default) == 1,
+    }
+
+
+def vllm_stop_check(max_new_tokens: int = 16, utilization: float = 0.2) -> dict:
+    """Does vLLM stop at ``<|im_end|>`` for a base model? Qwen2.5-0.5B's shape with dummy weights and its base
+    generation config (eos ``<|endoftext|>``), with the stop tokens llm-gym passes (``vllm_stop_kwargs``) and
+    without, ``<|im_end|>`` forced by a logit bias. CUDA only."""
+    from llm_gym.trainer.rollouts import vllm_stop_kwargs
+    from vllm import LLM, SamplingParams
+
+    cfg_path = ROOT / "trainer" / "model_configs" / "Qwen" / "Qwen2.5-0.5B" / "config.json"
+    endoftext, im_end = 151643, 151645  # Qwen2.5's ids
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
+            f.write(cfg_path.read_text())
+        with open(os.path.join(d, "generation_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"bos_token_id": endoftext, "eos_token_id": endoftext, "do_sample": False}, f)
+        llm = LLM(
+            model=d,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            gpu_memory_utilization=utilization,
+            max_model_len=256,
+            seed=0,
+        )
+        prompt = [{"prompt_token_ids": [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]}]
+        lengths = {}
+        for name, extra in (("llmgym", vllm_stop_kwargs([endoftext, im_end])), ("eos_only", {})):
+            sp = SamplingParams(
+                max_tokens=max_new_tokens,
+                temperature=1.0,
+                logit_bias={im_end: 100.0},
+                detokenize=False,
+                **extra,
+            )
+            out = llm.generate(prompt, sp, use_tqdm=False)[0].outputs[0]
+            lengths[name] = list(out.token_ids)
+        del llm
+    return {
+        "llmgym_tokens": len(lengths["llmgym"]),
+        "llmgym_stops_at_im_end": lengths["llmgym"] == [im_end],
+        "eos_only_tokens": len(lengths["eos_only"]),
+        "eos_only_stops_at_im_end": len(lengths["eos_only"]) == 1,
+    }
 
 
 def state_bytes(model, optimizer) -> dict[str, int]:
@@ -267,31 +464,46 @@ def state_bytes(model, optimizer) -> dict[str, int]:
 
 def run_check(args: argparse.Namespace) -> dict:
     import torch
-    from llm_gym.trainer.memory import GIB, TrainingSetup, estimate_memory, fits
+    from llm_gym.trainer.memory import GIB, TrainingSetup, estimate_memory, fits, precision_setup
+    from llm_gym.trainer.precision import decide_precision
 
     with open(args.model_config, encoding="utf-8") as f:
         config = json.loads(f.read(1_000_000))
     settings = settings_from(load_profile(args.env, args.profile, args.profile_file), args.set or [])
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype_name = "bfloat16" if settings["bf16"] and device.type == "cuda" else "float32"
+    bf16 = bool(settings["bf16"])
+    # the weights as llmgym-train keeps them (float32 master weights unless dtype: bfloat16); bf16 = autocast
+    run = argparse.Namespace(dtype=settings["dtype"], bf16=bf16, fp16=False, use_cpu=device.type == "cpu")
+    precision = decide_precision(run, gpu=device.type == "cuda", backend="none", lora=False)
+    dtype_name = precision.params
     dtype = getattr(torch, dtype_name)
     p = plan(settings, args.prompt_length, args.max_tokens)
     vocab = int(config["vocab_size"])
     meter = Meter(device)
     mb = settings["per_device_train_batch_size"]
+    loading = loading_check(config, settings, device)
+    stops = {"hf_generate": hf_stop_check(device)}
 
     model = build_model(config, dtype, device, bool(settings["gradient_checkpointing"]))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(settings["learning_rate"]))
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=float(settings["learning_rate"]),
+        betas=(float(settings["adam_beta1"]), float(settings["adam_beta2"])),
+        weight_decay=float(settings["weight_decay"]),
+    )
     rounds = []
     for _ in range(args.steps):
         meter.reset()
         start = time.perf_counter()
-        seqs, tokens = generate_hf(model, p, vocab, device)
+        with autocast(device, bf16):
+            seqs, tokens = generate_hf(model, p, vocab, device)
         meter.sync()
         gen_s = time.perf_counter() - start
         gen_peak = meter.peak_bytes()
         meter.reset()
-        step_s = update(model, optimizer, seqs, p, mb, device, meter)
+        step_s = update(
+            model, optimizer, seqs, p, mb, device, meter, bf16=bf16, max_grad_norm=settings["max_grad_norm"]
+        )
         rounds.append(
             {
                 "generation_seconds": gen_s,
@@ -304,13 +516,13 @@ def run_check(args: argparse.Namespace) -> dict:
             }
         )
     measured_states = state_bytes(model, optimizer)
+    one_step = step_change(model, optimizer, seqs, p, mb, device, settings)
     setup = TrainingSetup(
         per_device_batch=mb,
         prompt_length=p["prompt_length"],
         completion_length=p["completion_length"],
         generation_batch=p["rows"],
-        weight_dtype=dtype_name,
-        optimizer_state_dtype=dtype_name,  # torch AdamW keeps moments in the parameter dtype
+        **precision_setup(precision),
         gradient_checkpointing=bool(settings["gradient_checkpointing"]),
         sharding=args.sharding,
         num_devices=args.num_devices,
@@ -323,6 +535,10 @@ def run_check(args: argparse.Namespace) -> dict:
     report = {
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "dtype": dtype_name,
+        "compute_dtype": precision.compute,
+        "loading": loading,
+        "one_step": one_step,
+        "stops_at_im_end": stops,
         "parameters": estimate.parameters,
         "settings": settings,
         "plan": p,
@@ -349,8 +565,9 @@ def run_check(args: argparse.Namespace) -> dict:
             with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(config, f)
             _, tokens, secs = generate_vllm(
-                d, p, vocab, float(settings["vllm_gpu_memory_utilization"]), dtype_name
+                d, p, vocab, float(settings["vllm_gpu_memory_utilization"]), precision.compute
             )
+        stops["vllm"] = vllm_stop_check()
         report["vllm"] = {
             "generation_tokens_per_s": tokens / secs,
             "generated_tokens": tokens,
@@ -372,8 +589,22 @@ def run_check(args: argparse.Namespace) -> dict:
 
 def format_report(r: dict) -> str:
     gib = r["gib"]
+    ld, step = r["loading"], r["one_step"]
     lines = [
-        f"gpu_check on {r['device']} ({r['dtype']}, {r['parameters']:,} parameters, random weights)",
+        f"gpu_check on {r['device']} ({r['dtype']} weights, {r['compute_dtype']} compute, {r['parameters']:,} "
+        "parameters, random weights)",
+        f"  llmgym-train loading: checkpoint {ld['checkpoint_dtype']} -> parameters {ld['parameter_dtypes']} "
+        f"(load {ld['load']}, updates on {ld['master']}, compute {ld['compute']})"
+        + (f"; WARNING {ld['warning']}" if ld["warning"] else ""),
+        f"  one optimizer step at lr {step['learning_rate']:g} on {step['parameter_dtype']} weights changes "
+        f"{step['changed_fraction']:.2%} of the trainable elements",
+    ]
+    for backend, st in r["stops_at_im_end"].items():
+        lines.append(
+            f"  base model stops at <|im_end|> ({backend}): llm-gym's stop ids {st['llmgym_stops_at_im_end']} "
+            f"({st['llmgym_tokens']} tokens), eos only {st['eos_only_stops_at_im_end']} ({st['eos_only_tokens']} tokens)"
+        )
+    lines += [
         f"  round: {r['plan']['rows']} rows x {r['plan']['completion_length']} completion tokens "
         f"({len(r['plan']['turn_tokens'])} turns), {r['plan']['micro_batches']} micro-batches, "
         f"{r['plan']['optimizer_steps']} optimizer steps",

@@ -88,8 +88,30 @@ def test_tiny_shape_on_cpu_reports_json_and_table_with_exact_states(gpu_check, t
     measured, estimated = r["side_by_side"]["model_states"]
     assert measured == estimated
     assert r["peak_memory_bytes"]["cpu"] > 0 and r["fits"]["estimate_fits"] is True
+    # what a GPU run shows first: llmgym-train's loading path keeps float32 weights of a bf16 checkpoint, one step
+    # at the profile's lr 1e-6 moves nearly every element, and a base model's turn stops at <|im_end|>
+    assert r["loading"]["checkpoint_dtype"] == "bfloat16" and set(r["loading"]["parameter_dtypes"]) == {
+        "float32"
+    }
+    assert r["one_step"]["learning_rate"] == 1e-6 and r["one_step"]["changed_fraction"] > 0.9
+    hf = r["stops_at_im_end"]["hf_generate"]
+    assert hf["llmgym_stops_at_im_end"] and hf["llmgym_tokens"] == 1
+    assert not hf["eos_only_stops_at_im_end"] and hf["eos_only_tokens"] == 16
     text = capsys.readouterr().out
     assert "tokens/s" in text and "measured" in text and "estimate" in text and "model_states" in text
+    assert "llmgym-train loading: checkpoint bfloat16 -> parameters {'float32'" in text
+    assert "stops at <|im_end|> (hf_generate): llm-gym's stop ids True" in text
+
+
+def test_ragen2_profile_settings_come_from_the_common_file(gpu_check):
+    s = gpu_check.settings_from(gpu_check.load_profile("sokoban", "ragen2"), [])
+    assert (s["learning_rate"], s["weight_decay"], s["max_grad_norm"], s["dtype"]) == (
+        1e-6,
+        0.01,
+        1.0,
+        "float32",
+    )
+    assert s["num_prompts"] * s["num_generations"] == 128 and s["per_device_train_batch_size"] == 1
 
 
 def test_vllm_needs_cuda(gpu_check, capsys):

@@ -175,6 +175,29 @@ def test_vllm_missing_logprobs_become_nan_not_zero():
     assert lps[0][0] == -0.5 and math.isnan(lps[0][1]) and math.isnan(lps[0][2]) and lps[1] == [-1.25]
 
 
+def test_vllm_turns_stop_at_the_template_stop_ids_and_the_kwargs_are_restored():
+    from llm_gym.trainer.rollouts import VLLMGenerate, template_stop_ids
+
+    tok = build_tiny_tokenizer("chatml")
+    tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|endoftext|>"  # a base model: eos is not the end-of-turn token
+    stop = template_stop_ids(tok)
+    assert tok.convert_tokens_to_ids("<|im_end|>") in stop and tok.eos_token_id in stop
+
+    class FakeVLLM:
+        max_completion_length = 99
+        generation_kwargs = {"repetition_penalty": 1.1}
+
+        def generate(self, prompts, images, num_generations):
+            # TRL builds SamplingParams(**generation_kwargs) from these in colocate and server mode
+            assert self.generation_kwargs == {"repetition_penalty": 1.1, "stop_token_ids": stop}
+            return None, [[5]], [[[-0.5]]], None
+
+    vllm = FakeVLLM()
+    VLLMGenerate(vllm, stop)([[1]], [4])
+    assert vllm.generation_kwargs == {"repetition_penalty": 1.1} and vllm.max_completion_length == 99
+
+
 def test_template_without_end_token_or_missing_fails():
     tok = build_tiny_tokenizer("chatml")
     tok.chat_template = None

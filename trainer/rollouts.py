@@ -376,17 +376,29 @@ class HFGenerate:
         return new, [[0.0] * len(row) for row in new]
 
 
-class VLLMGenerate:
-    """Generation through TRL's ``trainer.vllm_generation`` (colocate or server). Untested here (no vLLM)."""
+def vllm_stop_kwargs(stop_ids: Sequence[int]) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields that end a turn at the template's stop tokens. TRL passes none, so vLLM stops
+    at the tokenizer's and generation config's eos only: ``<|endoftext|>`` for a Qwen2.5 base model, whose turns
+    end with ``<|im_end|>`` (the reply is cut there afterwards, but every turn runs to its token budget)."""
+    return {"stop_token_ids": [int(t) for t in stop_ids]}
 
-    def __init__(self, vllm_generation: Any):
+
+class VLLMGenerate:
+    """Generation through TRL's ``trainer.vllm_generation`` (colocate or server), stopping at ``stop_ids``.
+    Untested here (no vLLM); ``benchmarks/gpu_check.py --use_vllm`` checks the stop on a GPU."""
+
+    def __init__(self, vllm_generation: Any, stop_ids: Sequence[int] = ()):
         self.vllm = vllm_generation
+        self.stop_ids = list(stop_ids)
 
     def __call__(
         self, contexts: list[list[int]], budgets: list[int]
     ) -> tuple[list[list[int]], list[list[float]]]:
         saved = self.vllm.max_completion_length
+        saved_kwargs = getattr(self.vllm, "generation_kwargs", None)
         self.vllm.max_completion_length = max(1, max(budgets))
+        if self.stop_ids:  # TRL turns generation_kwargs into SamplingParams (colocate and server alike)
+            self.vllm.generation_kwargs = {**(saved_kwargs or {}), **vllm_stop_kwargs(self.stop_ids)}
         try:
             # num_generations=1: every row is its own request, so server-mode de-duplication never merges rows.
             _, completion_ids, logprobs, _ = self.vllm.generate(
@@ -394,6 +406,8 @@ class VLLMGenerate:
             )
         finally:
             self.vllm.max_completion_length = saved
+            if self.stop_ids:
+                self.vllm.generation_kwargs = saved_kwargs
         # NaN marks a missing sampler log-prob: TRL's importance-sampling correction turns it into ratio 1,
         # whereas 0.0 would claim probability 1 and distort the ratio.
         lps = [[(float(lp[0]) if lp and lp[0] is not None else math.nan) for lp in row] for row in logprobs]
@@ -460,7 +474,9 @@ class EnvRolloutFunc:
             if not training:  # VLLMGeneration reads its temperature at call time
                 vllm.temperature = args.eval_temperature
             try:
-                episodes = play_token_episodes(args.env, seeds, VLLMGenerate(vllm), self.template, **kwargs)
+                episodes = play_token_episodes(
+                    args.env, seeds, VLLMGenerate(vllm, self.template.stop_ids), self.template, **kwargs
+                )
             finally:
                 vllm.temperature = saved_temperature
         else:
