@@ -258,3 +258,19 @@ def test_update_precision_benchmark_quick_mode(capsys):
     assert row["lr"] == 1e-6 and row["float32_changed"] > 0.99 and 0 < row["bfloat16_changed"] < 0.05
     assert row["mean_abs_change_ratio"] > 10
     assert "tiny Qwen2" in update_precision.format_rows(rows)
+
+
+def test_ragen2_profile_trains_float32_weights_with_bf16_autocast(tmp_path):
+    from llm_gym.trainer.cli import resolve_config
+
+    args, _ = resolve_config(
+        ["--env", "Sokoban", "--profile", "ragen2", "-o", str(tmp_path)],
+        gpu=True,
+        dry_run=True,
+        log=lambda *_: None,
+    )
+    assert args.dtype == "float32"  # veRL's model_dtype fp32 for actor and critic
+    merged = SimpleNamespace(**{**vars(args), "bf16": True, "use_cpu": False})  # the GPU settings
+    for role in ("policy", "critic", "value_head"):
+        p = decide_precision(merged, gpu=True, backend="none", role=role)
+        assert (p.load, p.master, p.compute) == ("float32", "float32", "bfloat16"), role

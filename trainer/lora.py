@@ -4,7 +4,8 @@ The fields are not copied: :func:`lora_arguments` builds the config group from `
 (names, defaults and help text), and :func:`peft_config` turns them into a ``peft.LoraConfig`` through
 ``trl.get_peft_config``, so ``llmgym-train --use_peft --lora_r 8`` means exactly what it means for TRL's scripts.
 Only the LoRA fields are taken: ``ModelConfig``'s loading fields (``model_name_or_path``, ``dtype``,
-quantization) have their llm-gym equivalents (``--model``, the CPU/GPU dtype choice).
+quantization) have their llm-gym equivalents (``--model``; ``--dtype``, decided per path by
+:mod:`llm_gym.trainer.precision`).
 
 Saved adapters (``adapter_config.json`` in ``output_dir/final``) load anywhere a model does:
 ``llmgym-eval --model runs/x/final`` puts the adapter on its base model (:mod:`llm_gym.trainer.models`).
