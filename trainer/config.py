@@ -93,7 +93,8 @@ class ModelArguments:
             "help": "dtype the model is loaded in for training (TRL ModelConfig's name). float32 (default): "
             "float32 master weights on every path; bf16=True then means bfloat16 autocast. bfloat16: opt-in "
             "16-bit weights (half the memory), warned about where it loses updates: with no float32 copy "
-            "(one process, DDP) one AdamW step at lr 1e-6 changes 0.4% of SmolLM2-135M's elements (99.8% on float32). "
+            "(one process, DDP) one AdamW step at lr 1e-6 changes 4 in 1,000 of SmolLM2-135M's elements (nearly all "
+            "on float32). "
             "Under LoRA it "
             "applies to the frozen base only (PEFT keeps the adapters in float32).",
             "choices": ["float32", "bfloat16"],
