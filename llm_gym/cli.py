@@ -5,6 +5,7 @@ llmgym render episodes.jsonl --out ep.gif      # headless GIF/MP4 export of one 
 llmgym play --env Sokoban                      # play an env yourself (short names or full ids)
 llmgym export --env Sokoban --out expert.jsonl --verify   # solver trajectories as a chat dataset
 llmgym check-template Qwen/Qwen3-0.6B           # can llmgym-train use this model's chat template? why?
+llmgym serve --env Sokoban                       # serve envs over HTTP/WebSocket (OpenEnv protocol)
 """
 
 from __future__ import annotations
@@ -319,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat_template", default=None, metavar="FILE", help="Jinja file replacing the tokenizer's template"
     )
     check.set_defaults(func=_cmd_check_template)
+
+    from llm_gym.serve.config import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     return snake_case_options(parser)
 
 

@@ -6,7 +6,7 @@ rewards, observation text or instructions change in a way that alters episodes f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,8 +189,13 @@ ENVS: tuple[EnvEntry, ...] = (
 )
 
 
+#: The remote client env (``llm_gym.serve.client.RemoteEnv``): registered, but not in :data:`ENVS`, so that
+#: :func:`check_trusted_env_id` never accepts it from a record (its ``url`` would make llm-gym connect somewhere).
+REMOTE_ID = "llmgym/Remote-v0"
+
+
 def register_all() -> None:
-    """Register every id in :data:`ENVS` with Gymnasium (idempotent)."""
+    """Register every id in :data:`ENVS`, and :data:`REMOTE_ID`, with Gymnasium (idempotent)."""
     for entry in ENVS:
         if entry.id not in gym.registry:
             gym.register(
@@ -199,14 +204,20 @@ def register_all() -> None:
                 kwargs=dict(entry.kwargs),
                 disable_env_checker=False,
             )
+    if REMOTE_ID not in gym.registry:
+        gym.register(id=REMOTE_ID, entry_point="llm_gym.serve.client:RemoteEnv", disable_env_checker=False)
 
 
-def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
+def make_env(
+    env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, env_url: str | None = None
+) -> gym.Env:
     """``gym.make(env_id, **env_kwargs)`` with clear errors: the one way llm-gym code creates an environment.
 
     ``env_id`` must be a registered id, as records and configs store it (a command-line name goes through
     :func:`resolve_env_id` first). Gymnasium's passive env checker runs as the id's registration says (on
-    for every llm-gym id: it checks only the first reset and step, and our envs pass it).
+    for every llm-gym id: it checks only the first reset and step, and our envs pass it). With ``env_url`` (an
+    ``llmgym serve`` address), the env is played there: ``llmgym/Remote-v0`` with the same id and kwargs, which
+    gives the same episodes (:func:`pick_env_url` spreads sessions over several servers).
 
     Raises:
         ValueError: ``cannot make '<id>': ...`` for an unknown id (naming the closest registered ones) or
@@ -219,10 +230,26 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.En
             raise ValueError(f"cannot make {env_id!r}: {e}") from None
         raise ValueError(f"cannot make {env_id!r}: not a registered id; did you mean {resolved!r}?")
     kwargs = dict(env_kwargs or {})
+    if env_url is not None:
+        kwargs = {"url": env_url, "env_id": check_trusted_env_id(env_id, "make_env"), "env_kwargs": kwargs}
+        env_id = REMOTE_ID
     try:
         return gym.make(env_id, **kwargs)
     except (gym.error.Error, TypeError) as e:  # TypeError: a keyword the constructor does not take
         raise ValueError(f"cannot make {env_id!r} with kwargs {sorted(kwargs)}: {e}") from e
+
+
+def pick_env_url(env_url: str | Sequence[str] | None, index: int) -> str | None:
+    """The server of session ``index`` when sessions are spread over ``env_url`` (one address or several, used
+    in turn), or ``None`` (play locally)."""
+    if env_url is None:
+        return None
+    if isinstance(env_url, str):
+        return env_url
+    urls = list(env_url)
+    if not urls:
+        return None
+    return urls[index % len(urls)]
 
 
 def list_envs() -> list[str]:

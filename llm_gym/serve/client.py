@@ -1,0 +1,376 @@
+"""``llmgym/Remote-v0``: a ``gymnasium.Env`` that plays an llm-gym environment served by ``llmgym serve``.
+
+::
+
+    env = gym.make("llmgym/Remote-v0", url="http://127.0.0.1:8000", env_id="llmgym/Sokoban-v0")
+    obs, info = env.reset(seed=7)          # the same observation as gym.make("llmgym/Sokoban-v0") gives
+    obs, reward, terminated, truncated, info = env.step("<answer>Up</answer>")
+
+Construction asks the server to describe the id (``POST /llmgym/describe``: spaces and attributes; unknown ids
+and bad kwargs fail here with the server's 4xx message); the first ``reset`` opens the session (one WebSocket,
+speaking OpenEnv's protocol); ``close`` ends it and frees the server's env. Observations, rewards,
+``terminated`` / ``truncated`` and ``info`` are the server env's, so the same seeds give the same episodes as the
+local env. Attributes that prompt formatting reads (``instructions``, ``think``, ``action_names``,
+``actions_left`` ...) are mirrored on this env.
+
+Every wait is bounded: connecting (``connect_timeout_s``) and each reply (``request_timeout_s``). A lost
+connection (server stopped or restarted, session expired) raises :class:`RemoteEnvError` naming the cause; the
+episode is gone, and the next ``reset`` opens a new session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import gymnasium as gym
+
+from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
+from llm_gym.serve.protocol import (
+    DYNAMIC_ATTRIBUTES,
+    PROTOCOL_VERSION,
+    STATIC_ATTRIBUTES,
+    parse_env_urls,
+    space_from_json,
+)
+
+INSTALL_HINT = "llmgym/Remote-v0 needs the websockets package: pip install 'llm-gym[serve]'"
+#: Longest reply read from a server (a describe answer or one WebSocket message).
+MAX_REPLY_BYTES = 8 << 20
+
+
+class RemoteEnvError(ConnectionError):
+    """The server could not be reached, refused the session, or the session was lost (an ``OSError``: command
+    lines report it as an I/O failure, in one line)."""
+
+
+class RemoteRequestError(ValueError):
+    """The server refused a request as invalid (an HTTP-style 4xx ``status``): unknown id, bad kwargs, an action
+    over the size limit ... Nothing was executed."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _split_url(url: str) -> tuple[str, str | None, bool]:
+    """``(base http(s) URL without credentials, password from the URL or None, is loopback)``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("url must be the server's address, e.g. http://127.0.0.1:8000")
+    parse_env_urls(url)
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must look like http://HOST:PORT (or ws://, https://, wss://), got {url!r}")
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    base = urllib.parse.urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+    from llm_gym.serve.config import is_loopback
+
+    return base, parts.password, is_loopback(host)
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        data = json.loads(body.decode("utf-8", "replace"))
+    except ValueError:
+        return body[:300].decode("utf-8", "replace")
+    if isinstance(data, dict):
+        detail = data.get("detail", data)
+        return detail if isinstance(detail, str) else json.dumps(detail)[:300]
+    return str(data)[:300]
+
+
+def _status_of(message: str) -> int | None:
+    """The ``[4xx]`` tag a server's request error starts with (``RequestError``), if any."""
+    if message.startswith("[") and message[4:5] == "]" and message[1:4].isdigit():
+        return int(message[1:4])
+    return None
+
+
+class RemoteEnv(gym.Env[str, str]):
+    """An llm-gym environment played on a server (``llmgym serve``) through one WebSocket session.
+
+    Args:
+        url: the server, ``http://HOST:PORT`` (``ws://`` and ``https://`` work too; a password in the URL is
+            taken as the token).
+        env_id: the llm-gym id to play (short names resolve as on the command line).
+        env_kwargs: constructor kwargs, checked by the server against the id's constructor.
+        token: bearer token (default: the URL's password, else ``LLMGYM_SERVE_TOKEN``).
+        connect_timeout_s: bound on opening a connection.
+        request_timeout_s: bound on each reply; past it the session is dropped and :class:`RemoteEnvError` raised.
+        render_mode: only ``None`` (the server never renders).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": [], "render_fps": 4}
+
+    def __init__(
+        self,
+        url: str,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        token: str | None = None,
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 120.0,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None:
+            raise ValueError(
+                "llmgym/Remote-v0 does not render (render_mode must be None); replay its records"
+            )
+        self.url, url_token, self._loopback = _split_url(url)
+        self.env_id = check_trusted_env_id(resolve_env_id(env_id), "env_id")
+        self.env_kwargs = dict(env_kwargs or {})
+        self._token = token or url_token or os.environ.get("LLMGYM_SERVE_TOKEN") or None
+        for name, v in (("connect_timeout_s", connect_timeout_s), ("request_timeout_s", request_timeout_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+                raise ValueError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.request_timeout_s = float(request_timeout_s)
+        self.render_mode = None
+        self._ws: Any = None
+        self._has_reset = False
+        desc = self._describe()
+        try:
+            if desc.get("protocol") != PROTOCOL_VERSION:
+                raise ValueError(f"protocol {desc.get('protocol')!r}, this client speaks {PROTOCOL_VERSION}")
+            self.observation_space = space_from_json(desc["observation_space"])
+            self.action_space = space_from_json(desc["action_space"])
+            attrs = desc.get("attributes")
+            limits = desc.get("limits") or {}
+            if not isinstance(attrs, dict) or not isinstance(limits, dict):
+                raise ValueError("attributes and limits must be objects")
+            self._max_action_chars = int(limits.get("max_action_chars", 16384))
+            self._ws_max_bytes = min(int(limits.get("ws_max_bytes", 1 << 20)) * 4, MAX_REPLY_BYTES)
+        except (KeyError, TypeError, ValueError) as e:
+            raise RemoteEnvError(f"{self.url} gave a describe reply this client cannot use: {e}") from None
+        self._attrs: dict[str, Any] = dict(attrs)
+
+    # ------------------------------------------------------------------------------------------ transport
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def _describe(self) -> dict[str, Any]:
+        body = json.dumps({"env_id": self.env_id, "env_kwargs": self.env_kwargs}).encode()
+        req = urllib.request.Request(
+            self.url + "/llmgym/describe",
+            data=body,
+            headers={"Content-Type": "application/json", **self._headers()},
+            method="POST",
+        )
+        handlers = [urllib.request.ProxyHandler({})] if self._loopback else []
+        opener = urllib.request.build_opener(*handlers)
+        try:
+            with opener.open(req, timeout=self.connect_timeout_s + self.request_timeout_s) as resp:
+                raw = resp.read(MAX_REPLY_BYTES + 1)
+        except urllib.error.HTTPError as e:
+            text = _error_text(e.read(1 << 16))
+            if e.code == 401:
+                raise RemoteEnvError(f"{self.url} refused the token (HTTP 401): {text}") from None
+            if 400 <= e.code < 500:
+                raise RemoteRequestError(e.code, f"{self.url}: {text}") from None
+            raise RemoteEnvError(
+                f"{self.url} failed to describe {self.env_id} (HTTP {e.code}): {text}"
+            ) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise RemoteEnvError(
+                f"cannot reach the env server at {self.url}: {reason} (is llmgym serve running?)"
+            ) from None
+        if len(raw) > MAX_REPLY_BYTES:
+            raise RemoteEnvError(f"{self.url}: describe reply over {MAX_REPLY_BYTES} bytes")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise RemoteEnvError(f"{self.url}: describe reply is not JSON") from None
+        if not isinstance(data, dict):
+            raise RemoteEnvError(f"{self.url}: describe reply is not a JSON object")
+        return data
+
+    def _connect(self) -> None:
+        try:
+            from websockets.exceptions import InvalidHandshake, InvalidStatus
+            from websockets.sync.client import connect
+        except ImportError as e:
+            raise ImportError(f"{INSTALL_HINT} ({e})") from None
+        ws_url = "ws" + self.url[4:] + "/ws"
+        try:
+            self._ws = connect(
+                ws_url,
+                additional_headers=self._headers(),
+                open_timeout=self.connect_timeout_s,
+                close_timeout=2.0,
+                max_size=self._ws_max_bytes,
+                proxy=None if self._loopback else True,
+            )
+            self._ws.__enter__()  # the context-manager protocol (websockets >= 17 warns without it)
+        except InvalidStatus as e:
+            status = e.response.status_code
+            text = _error_text(e.response.body or b"")
+            if status == 401:
+                raise RemoteEnvError(f"{self.url} refused the token (HTTP 401): {text}") from None
+            raise RemoteEnvError(f"{self.url} refused the session (HTTP {status}): {text}") from None
+        except (InvalidHandshake, OSError, TimeoutError) as e:
+            raise RemoteEnvError(
+                f"cannot open a session at {ws_url}: {e} (is llmgym serve running?)"
+            ) from None
+
+    def _drop(self) -> None:
+        ws, self._ws = self._ws, None
+        self._has_reset = False
+        if ws is not None:
+            try:
+                ws.close()
+            except Exception:  # noqa: BLE001 (already broken)
+                pass
+
+    def _lost(self, e: Exception) -> RemoteEnvError:
+        from websockets.exceptions import ConnectionClosed
+
+        why = str(e) or type(e).__name__
+        if isinstance(e, ConnectionClosed):
+            rcvd = e.rcvd
+            if rcvd is not None and rcvd.code == 4408:
+                why = f"the server closed the idle session ({rcvd.reason})"
+            elif rcvd is not None and rcvd.code == 4504:
+                why = f"the server closed the session: a request took too long ({rcvd.reason})"
+            elif rcvd is not None and rcvd.code == 1009:
+                why = "the server closed the session: a message was over its size limit"
+            elif rcvd is None:
+                why = "the connection was lost (server stopped or restarted?)"
+            else:
+                why = f"the server closed the session (code {rcvd.code}{': ' + rcvd.reason if rcvd.reason else ''})"
+        self._drop()
+        return RemoteEnvError(f"{self.url}: {why}; this episode is gone, reset() opens a new session")
+
+    def _call(self, message: dict[str, Any]) -> dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            try:
+                self._ws.send(json.dumps(message))
+            except ConnectionClosed:
+                # The server may have said why before closing (a full server, an expired session): read it.
+                raw = self._ws.recv(timeout=1.0)
+            else:
+                raw = self._ws.recv(timeout=self.request_timeout_s)
+        except TimeoutError:
+            self._drop()
+            raise RemoteEnvError(
+                f"{self.url}: no reply within {self.request_timeout_s:g} s; the session was closed"
+            ) from None
+        except (ConnectionClosed, OSError) as e:
+            raise self._lost(e) from None
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: the reply is not JSON") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: the reply is not an OpenEnv message")
+        if reply.get("type") == "error":
+            data = reply["data"]
+            text = str(data.get("message", "unknown error"))[:2000]
+            status = _status_of(text)
+            if status is not None:
+                raise RemoteRequestError(status, f"{self.url}: {text[6:]}")
+            if data.get("code") == "VALIDATION_ERROR":
+                raise RemoteRequestError(
+                    422, f"{self.url}: invalid message: {json.dumps(data.get('errors'))[:500]}"
+                )
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: server error ({data.get('code')}): {text}")
+        return reply["data"]
+
+    def _observation(self, data: dict[str, Any]) -> tuple[str, float | None, bool, bool, dict[str, Any]]:
+        obs = data.get("observation")
+        if not isinstance(obs, dict):
+            raise RemoteEnvError(f"{self.url}: the reply has no observation")
+        text, info, attrs = obs.get("text"), obs.get("info"), obs.get("attributes")
+        terminated, truncated = obs.get("terminated"), obs.get("truncated")
+        reward = data.get("reward")
+        if not (
+            isinstance(text, str)
+            and isinstance(info, dict)
+            and isinstance(attrs, dict)
+            and isinstance(terminated, bool)
+            and isinstance(truncated, bool)
+            and (reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)))
+        ):
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: the reply's observation does not have the llm-gym fields")
+        self._attrs.update(attrs)
+        return text, None if reward is None else float(reward), terminated, truncated, info
+
+    # ------------------------------------------------------------------------------------------ gymnasium
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)  # np_random is unused here; the server env draws the episode
+        check_seed(seed)
+        data: dict[str, Any] = {"env_id": self.env_id, "env_kwargs": self.env_kwargs}
+        if seed is not None:
+            data["seed"] = int(seed)
+        if options is not None:
+            data["options"] = options
+        if self._ws is None:
+            self._connect()
+        try:
+            reply = self._call({"type": "reset", "data": data})
+        except RemoteRequestError:
+            self._has_reset = False
+            raise
+        text, _, _, _, info = self._observation(reply)
+        self._has_reset = True
+        return text, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if not self._has_reset or self._ws is None:
+            raise gym.error.ResetNeeded("call reset() before step() (a lost session needs a new reset too)")
+        if not isinstance(action, str):
+            raise TypeError(f"the action must be a string (the LLM's response), got {type(action).__name__}")
+        reply = self._call({"type": "step", "data": {"text": action}})
+        text, reward, terminated, truncated, info = self._observation(reply)
+        return text, 0.0 if reward is None else reward, terminated, truncated, info
+
+    def close(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.send(json.dumps({"type": "close"}))
+            except Exception:  # noqa: BLE001 (the session may already be gone)
+                pass
+        self._drop()
+
+    # ------------------------------------------------------------------------------- mirrored attributes
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found normally: the env attributes the server sent.
+        if name.startswith("_") or name not in (*STATIC_ATTRIBUTES, *DYNAMIC_ATTRIBUTES):
+            raise AttributeError(name)
+        attrs = self.__dict__.get("_attrs", {})
+        if name not in attrs:
+            raise AttributeError(f"{self.env_id} on {self.__dict__.get('url')} has no attribute {name!r}")
+        value = attrs[name]
+        return tuple(value) if name == "action_names" and isinstance(value, list) else value
+
+    @property
+    def reward_spec(self):
+        from llm_gym.core.rewards import RewardComponent, RewardSpec
+
+        rows = self._attrs.get("reward_spec") or []
+        return RewardSpec(tuple(RewardComponent(str(n), float(v), str(d)) for n, v, d in rows))
+
+    def example_response(self) -> str:
+        """The env's example of a well-formed answer (as the server env gives it)."""
+        try:
+            return str(self._attrs["methods"]["example_response"])
+        except (KeyError, TypeError):
+            raise AttributeError(f"{self.env_id} has no example_response") from None
+
+    def __repr__(self) -> str:
+        return f"<RemoteEnv {self.env_id} at {self.url}>"

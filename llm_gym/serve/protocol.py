@@ -1,0 +1,339 @@
+"""What travels between ``llmgym serve`` and its clients, as plain data (no third-party imports).
+
+Both sides use these functions: the server to check every request field and to describe an environment, the
+client (:mod:`llm_gym.serve.client`) to rebuild spaces and attributes. Everything a request carries is data:
+an id must be one of llm-gym's own (the :data:`~llm_gym.registration.ENVS` table, never Gymnasium's
+``module:Id`` form, which imports ``module``), kwargs must be constructor parameters of that id's class with
+JSON values, and a kwarg that names a file or a hub data set is the server operator's choice, not a client's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from llm_gym.core.spaces import AnyText
+from llm_gym.registration import check_seed, check_trusted_env_id
+
+#: Protocol version, reported by ``/llmgym/describe`` and checked by the client (bumped on incompatible changes).
+PROTOCOL_VERSION = 1
+
+# ------------------------------------------------------------------------------------------- default limits
+#: Longest action (characters) a step accepts: the action space's bound (``AnyText(ACTION_MAX_LENGTH)``).
+DEFAULT_MAX_ACTION_CHARS = 16384
+#: Most sessions (WebSocket connections, each with its own env) open at once.
+DEFAULT_MAX_SESSIONS = 256
+#: A session with no message for this long is closed and its env freed.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: Longest a reset or step may take before the server answers with an error and closes the session.
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+#: Longest HTTP request body (the stateless OpenEnv endpoints and ``/llmgym/describe``).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Keys of a reset request besides OpenEnv's own ``seed`` and ``episode_id``.
+RESET_KEYS = ("env_id", "env_kwargs", "options")
+#: Constructor kwargs that name a file or a hub data set: a client may only pass the bundled ``"sample"``.
+RESOURCE_KWARGS = ("dataset", "level_file")
+#: Constructor kwargs a client may never pass (the server never renders).
+SERVER_ONLY_KWARGS = ("render_mode",)
+#: Longest JSON text of a client's ``env_kwargs`` or ``options``.
+MAX_KWARGS_JSON_CHARS = 16384
+
+# Attributes of ``env.unwrapped`` the agent loop and chat formatting read (llm_gym.agent.chat, records); sent at
+# reset (static) and after every step (dynamic) so that a remote env formats prompts exactly as a local one.
+STATIC_ATTRIBUTES = (
+    "instructions",
+    "rules",
+    "think",
+    "action_sep",
+    "action_names",
+    "max_turns",
+    "max_actions_per_turn",
+    "max_actions",
+    "observation_format",
+    "observation_style",
+    "vocab",
+    "parse_mode",
+    "turn_limit_terminates",
+)
+DYNAMIC_ATTRIBUTES = ("turn", "actions_left", "turns_left", "reset_seed")
+#: Zero-argument methods whose result a client can ask for as data.
+STATIC_METHODS = ("example_response",)
+
+
+class RequestError(ValueError):
+    """A request the server refuses: an HTTP-style ``status`` (400, 404, 409, 413, 422) and one clear line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"[{status}] {message}")
+        self.status = status
+        self.message = message
+
+
+def jsonable(value: Any, *, _depth: int = 0) -> Any:
+    """``value`` as JSON data (tuples -> lists, numpy scalars -> Python numbers, mappings -> dicts with str keys).
+
+    ``info`` dicts and env attributes go through this on the server, so what a remote client gets is exactly
+    what ``json.loads(json.dumps(...))`` of the local value would be (the form episode records store).
+    """
+    if _depth > 32:
+        raise ValueError("value nested deeper than 32 levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite number {value!r} cannot travel as JSON")
+        return float(value)
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        return jsonable(value.item(), _depth=_depth + 1)  # numpy scalar
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, _depth=_depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, _depth=_depth + 1) for v in value]
+    raise ValueError(f"{type(value).__name__} is not JSON data")
+
+
+def _json_size(value: Any) -> int:
+    import json
+
+    return len(json.dumps(value))
+
+
+# --------------------------------------------------------------------------------------------- requests
+def constructor_parameters(env_id: str) -> tuple[set[str], bool]:
+    """The keyword parameters the class of ``env_id`` takes (following ``**kwargs`` up the class chain), and
+    whether it swallows unknown keywords anyway (a class whose chain ends in ``**kwargs``)."""
+    spec = gym.spec(env_id)
+    entry = spec.entry_point
+    if not isinstance(entry, str) or ":" not in entry:
+        return set(), True
+    module, _, name = entry.partition(":")
+    import importlib
+
+    cls = getattr(importlib.import_module(module), name)
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names.discard("self")
+            return names, False
+        if klass is gym.Env:
+            break
+    names.discard("self")
+    return names, True
+
+
+def check_env_kwargs(
+    env_id: str, env_kwargs: Any, *, fixed: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A client's ``env_kwargs`` for ``env_id`` if every key is a constructor parameter and every value JSON data,
+    else :class:`RequestError` (422). ``fixed``: kwargs the operator set (``llmgym serve --env_kwargs``), which a
+    client may repeat but not change."""
+    if env_kwargs is None:
+        return {}
+    if not isinstance(env_kwargs, Mapping):
+        raise RequestError(422, f"env_kwargs must be a JSON object, got {type(env_kwargs).__name__}")
+    try:
+        kwargs = jsonable(env_kwargs)
+    except ValueError as e:
+        raise RequestError(422, f"env_kwargs must be JSON data: {e}") from None
+    if _json_size(kwargs) > MAX_KWARGS_JSON_CHARS:
+        raise RequestError(413, f"env_kwargs is longer than {MAX_KWARGS_JSON_CHARS} characters of JSON")
+    known, _ = constructor_parameters(env_id)
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        raise RequestError(
+            422,
+            f"{env_id} does not take {', '.join(map(repr, unknown))}; its constructor takes "
+            f"{', '.join(sorted(known - set(SERVER_ONLY_KWARGS)))}",
+        )
+    fixed = dict(fixed or {})
+    for key, value in kwargs.items():
+        if key in fixed and fixed[key] != value:
+            raise RequestError(422, f"{key} is fixed by the server to {fixed[key]!r}")
+        if key in SERVER_ONLY_KWARGS:
+            raise RequestError(422, f"{key} cannot be set by a client (the server never renders)")
+        if key in RESOURCE_KWARGS and key not in fixed and value != "sample":
+            raise RequestError(
+                422,
+                f"{key} names a file or data set on the server; a client may only ask for the bundled 'sample' "
+                "(the operator chooses others: llmgym serve --env_kwargs)",
+            )
+    return kwargs
+
+
+def check_reset_request(
+    request: Mapping[str, Any],
+    *,
+    served: tuple[str, ...],
+    fixed_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[str, dict[str, Any], int | None, dict[str, Any] | None]:
+    """``(env_id, env_kwargs, seed, options)`` of a reset request, checked, else :class:`RequestError`.
+
+    ``request`` holds ``seed`` and the :data:`RESET_KEYS`; any other key is refused (a stock OpenEnv server would
+    drop it silently, which is how a misspelt ``sed=`` becomes an unseeded episode). ``env_id`` defaults to the
+    first served id.
+    """
+    unknown = sorted(str(k) for k in request if k not in ("seed", *RESET_KEYS))
+    if unknown:
+        raise RequestError(
+            400,
+            f"reset does not take {', '.join(map(repr, unknown))}; it takes seed, episode_id, {', '.join(RESET_KEYS)}",
+        )
+    env_id = request.get("env_id") or served[0]
+    try:
+        env_id = check_trusted_env_id(env_id, "the request")
+    except ValueError as e:
+        raise RequestError(404, str(e)) from None
+    if env_id not in served:
+        raise RequestError(404, f"{env_id} is not served here (served: {', '.join(served)})")
+    fixed = {k: v for k, v in dict(fixed_kwargs or {}).items() if k in constructor_parameters(env_id)[0]}
+    kwargs = {**fixed, **check_env_kwargs(env_id, request.get("env_kwargs"), fixed=fixed)}
+    try:
+        seed = check_seed(request.get("seed"), "seed")
+    except ValueError as e:
+        raise RequestError(422, str(e)) from None
+    options = request.get("options")
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise RequestError(422, f"options must be a JSON object, got {type(options).__name__}")
+        try:
+            options = jsonable(options)
+        except ValueError as e:
+            raise RequestError(422, f"options must be JSON data: {e}") from None
+        if _json_size(options) > MAX_KWARGS_JSON_CHARS:
+            raise RequestError(413, f"options is longer than {MAX_KWARGS_JSON_CHARS} characters of JSON")
+    return env_id, kwargs, seed, options
+
+
+def check_action(text: Any, max_chars: int) -> str:
+    """``text`` if it is a string of at most ``max_chars`` characters, else :class:`RequestError` (422 / 413)."""
+    if not isinstance(text, str):
+        raise RequestError(422, f"the action must be a string, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise RequestError(
+            413,
+            f"the action has {len(text)} characters, more than this server's max_action_chars={max_chars}; "
+            "nothing was executed",
+        )
+    return text
+
+
+# -------------------------------------------------------------------------------------- env descriptions
+def space_to_json(space: gym.Space) -> dict[str, Any]:
+    """A text space as data (``AnyText`` or ``Text``; other spaces are not served)."""
+    if isinstance(space, AnyText):
+        return {"type": "AnyText", "max_length": space.max_length, "min_length": space.min_length}
+    if isinstance(space, gym.spaces.Text):
+        return {
+            "type": "Text",
+            "max_length": space.max_length,
+            "min_length": space.min_length,
+            "charset": "".join(sorted(space.character_set)),
+        }
+    raise ValueError(f"only text spaces can be served, got {space!r}")
+
+
+def space_from_json(data: Any) -> gym.Space:
+    """The space :func:`space_to_json` described (checked: a server reply is untrusted input)."""
+    if not isinstance(data, Mapping) or data.get("type") not in ("AnyText", "Text"):
+        raise ValueError(f"not a text space description: {str(data)[:80]!r}")
+    max_length, min_length = data.get("max_length"), data.get("min_length", 0)
+    for name, v in (("max_length", max_length), ("min_length", min_length)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 24:
+            raise ValueError(f"space {name} must be an integer in [0, 2**24], got {v!r}")
+    if data["type"] == "AnyText":
+        return AnyText(max_length, min_length=min_length)
+    charset = data.get("charset")
+    if not isinstance(charset, str) or not charset or len(charset) > 1 << 16:
+        raise ValueError("a Text space needs a non-empty charset string")
+    return gym.spaces.Text(max_length, min_length=min_length, charset=charset)
+
+
+def _attribute(base: Any, name: str) -> tuple[bool, Any]:
+    try:
+        value = getattr(base, name)
+    except Exception:  # noqa: BLE001 (a property that needs a reset first, ...)
+        return False, None
+    try:
+        return True, jsonable(value)
+    except ValueError:
+        return False, None
+
+
+def static_surface(env: gym.Env) -> dict[str, Any]:
+    """The env's attributes that formatting reads and that do not change within an episode, as data."""
+    base = env.unwrapped
+    out: dict[str, Any] = {}
+    for name in STATIC_ATTRIBUTES:
+        ok, value = _attribute(base, name)
+        if ok:
+            out[name] = value
+    spec = getattr(base, "reward_spec", None)
+    if spec is not None and hasattr(spec, "components"):
+        out["reward_spec"] = [[c.name, float(c.value), str(c.description)] for c in spec.components]
+    methods: dict[str, Any] = {}
+    for name in STATIC_METHODS:
+        method = getattr(base, name, None)
+        if callable(method):
+            try:
+                methods[name] = jsonable(method())
+            except Exception:  # noqa: BLE001 (not available for this env)
+                continue
+    out["methods"] = methods
+    return out
+
+
+def dynamic_surface(env: gym.Env) -> dict[str, Any]:
+    """The env's attributes that change with every step (turn and action budget), as data."""
+    base = env.unwrapped
+    out = {}
+    for name in DYNAMIC_ATTRIBUTES:
+        ok, value = _attribute(base, name)
+        if ok:
+            out[name] = value
+    return out
+
+
+def describe(env_id: str, env: gym.Env) -> dict[str, Any]:
+    """What a client needs before its first reset: spaces, render modes, attributes (``/llmgym/describe``)."""
+    base = env.unwrapped
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "env_id": env_id,
+        "observation_space": space_to_json(base.observation_space),
+        "action_space": space_to_json(base.action_space),
+        "class": type(base).__name__,
+        "attributes": static_surface(env),
+    }
+
+
+def parse_env_urls(value: Any) -> list[str] | None:
+    """``--env_url`` as a list of server addresses (one string, comma-separated, or a list), each an
+    ``http(s)://`` or ``ws(s)://`` URL with a host; ``None`` or empty: play locally."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"env_url must be a URL or a list of URLs, got {type(value).__name__}")
+    urls = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"env_url must hold URLs, got {item!r}")
+        urls += [u.strip() for u in item.split(",") if u.strip()]
+    import urllib.parse
+
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+            raise ValueError(f"env_url must look like http://HOST:PORT, got {url!r}")
+    return urls or None

@@ -1,0 +1,519 @@
+"""``llmgym serve``: llm-gym environments behind OpenEnv's server (``openenv-core``).
+
+The app is OpenEnv's own (``create_fastapi_app`` with typed ``Action`` / ``Observation`` / ``State`` models), so a
+stock OpenEnv client (``GenericEnvClient``, an ``EnvClient`` subclass) and TRL's OpenEnv path work against it
+unchanged: one WebSocket session (``/ws``) per client, each owning its own environment. What we add sits around
+it, not inside its protocol:
+
+* :class:`LLMGymEnvironment` (the OpenEnv ``Environment`` of one session): ``reset`` takes ``seed``, ``env_id``,
+  ``env_kwargs`` and ``options`` (``dynamics_seed`` included), every field checked as data
+  (:mod:`llm_gym.serve.protocol`); observations carry the text, ``terminated`` / ``truncated``, the ``info`` of the
+  env contract, the instructions (on reset) and the attributes prompt formatting reads;
+* ``POST /llmgym/describe`` (spaces and attributes of an id, for :class:`llm_gym.serve.client.RemoteEnv`) and
+  ``GET /llmgym/status`` (open environments, limits);
+* :class:`Guard`, an ASGI layer in front of the app: bearer token, HTTP body size, per-request time bound, idle
+  session expiry, and no MCP routes (our environments have no tools).
+
+Limits and what a client sees when it hits one are listed on the docs page ``docs/serving.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from llm_gym.serve.config import ServeConfig, config_from_args, token_matches
+from llm_gym.serve.protocol import (
+    PROTOCOL_VERSION,
+    RequestError,
+    check_action,
+    check_reset_request,
+    describe,
+    dynamic_surface,
+    jsonable,
+    static_surface,
+)
+
+INSTALL_HINT = "llmgym serve needs the serve extra: pip install 'llm-gym[serve]' (openenv-core)"
+
+#: WebSocket close codes of the guard (4000-4999 are the application's range).
+CLOSE_IDLE = 4408
+CLOSE_REQUEST_TIMEOUT = 4504
+
+
+def _require_openenv():
+    try:
+        from openenv.core.env_server import interfaces, types  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from None
+
+
+_require_openenv()
+
+from fastapi import Request  # noqa: E402 (FastAPI resolves the endpoints' annotations from this module)
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------- OpenEnv models
+class LLMGymAction(Action):
+    """One LLM turn: the raw response text, parsed by the environment (e.g. ``<answer>Up || Left</answer>``)."""
+
+    text: str = Field(..., description="The raw LLM response; the environment parses it.")
+
+
+class LLMGymObservation(Observation):
+    """What a reset or step returns; ``done`` is ``terminated or truncated``, ``reward`` the step reward."""
+
+    text: str = Field(default="", description="The observation text (board, question, feedback).")
+    terminated: bool = Field(default=False, description="The game ended (solved, failed, answered).")
+    truncated: bool = Field(default=False, description="A turn or action limit ended the episode.")
+    info: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The env's info: success, action_is_valid, actions, reward_components, turn, error, ...",
+    )
+    env_id: str = Field(default="", description="The llm-gym id this session plays.")
+    instructions: str | None = Field(
+        default=None, description="The task text an LLM needs (rules, symbols, answer format); on reset only."
+    )
+    attributes: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Env attributes prompt formatting reads (all on reset; turn and budget after a step).",
+    )
+
+
+class LLMGymState(State):
+    """The session's episode: id, seed and budget left."""
+
+    env_id: str | None = Field(default=None, description="The llm-gym id, once reset.")
+    seed: int | None = Field(default=None, description="The seed of the last reset.")
+    done: bool = Field(default=False, description="Whether the episode has ended.")
+    attributes: dict[str, Any] = Field(default_factory=dict, description="turn, actions_left, turns_left.")
+
+
+class _Runtime:
+    """State shared by the sessions of one app: the config and live counters (thread-safe)."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self._lock = threading.Lock()
+        self.open_envs = 0
+        self.sessions_opened = 0
+
+    def opened(self) -> None:
+        with self._lock:
+            self.open_envs += 1
+            self.sessions_opened += 1
+
+    def closed(self) -> None:
+        with self._lock:
+            self.open_envs -= 1
+
+
+# ------------------------------------------------------------------------------------------ environment
+class LLMGymEnvironment(Environment):
+    """One session's environment: a gymnasium env made at the first reset (and again when the id or kwargs of a
+    later reset differ), stepped with the raw response text."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, runtime: _Runtime):
+        super().__init__()
+        self._runtime = runtime
+        self._env: Any = None
+        self._key: tuple[str, str] | None = None
+        self._env_id: str | None = None
+        self._seed: int | None = None
+        self._steps = 0
+        self._episode_id: str | None = None
+        self._done = False
+        self._closed = False
+        runtime.opened()
+
+    def _make(self, env_id: str, kwargs: dict[str, Any]) -> None:
+        from llm_gym.registration import make_env
+
+        key = (env_id, json.dumps(kwargs, sort_keys=True))
+        if key == self._key and self._env is not None:
+            return
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        try:
+            self._env = make_env(env_id, kwargs)
+        except ValueError as e:
+            raise RequestError(422, str(e)) from None
+        self._key, self._env_id = key, env_id
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **request: Any
+    ) -> LLMGymObservation:
+        cfg = self._runtime.config
+        env_id, kwargs, seed, options = check_reset_request(
+            {"seed": seed, **request}, served=cfg.env_ids, fixed_kwargs=cfg.env_kwargs
+        )
+        self._make(env_id, kwargs)
+        try:
+            obs, info = self._env.reset(seed=seed, options=options)
+        except ValueError as e:  # an option the env refuses (a dynamics_seed out of range, ...)
+            raise RequestError(422, f"reset failed: {e}") from None
+        self._seed, self._steps, self._done = seed, 0, False
+        self._episode_id = None if episode_id is None else str(episode_id)[:255]
+        attributes = {**static_surface(self._env), **dynamic_surface(self._env)}
+        return LLMGymObservation(
+            text=obs,
+            info=jsonable(info),
+            env_id=env_id,
+            instructions=attributes.get("instructions"),
+            attributes=attributes,
+            done=False,
+            reward=None,
+        )
+
+    def step(self, action: LLMGymAction, timeout_s: float | None = None, **kwargs: Any) -> LLMGymObservation:
+        text = check_action(getattr(action, "text", None), self._runtime.config.max_action_chars)
+        if self._env is None:
+            raise RequestError(
+                409,
+                "no episode in this session: reset first (HTTP /step is stateless in OpenEnv; use the /ws session)",
+            )
+        obs, reward, terminated, truncated, info = self._env.step(text)
+        self._steps += 1
+        self._done = bool(terminated or truncated)
+        return LLMGymObservation(
+            text=obs,
+            reward=float(reward),
+            done=self._done,
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            info=jsonable(info),
+            env_id=self._env_id or "",
+            attributes=dynamic_surface(self._env),
+        )
+
+    @property
+    def state(self) -> LLMGymState:
+        return LLMGymState(
+            episode_id=self._episode_id,
+            step_count=self._steps,
+            env_id=self._env_id,
+            seed=self._seed,
+            done=self._done,
+            attributes=dynamic_surface(self._env) if self._env is not None else {},
+        )
+
+    def get_metadata(self):
+        from openenv.core.env_server.types import EnvironmentMetadata
+
+        ids = ", ".join(self._runtime.config.env_ids)
+        return EnvironmentMetadata(
+            name="llm-gym",
+            description=f"llm-gym text environments for LLM agents: {ids}",
+            version=str(PROTOCOL_VERSION),
+            documentation_url="https://github.com/llm-gym/llm-gym/blob/main/docs/serving.md",
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._runtime.closed()
+
+
+# ------------------------------------------------------------------------------------------------- guard
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+class Guard:
+    """ASGI layer in front of OpenEnv's app: token, body size, request time bound, idle expiry, no MCP."""
+
+    def __init__(self, app: Any, config: ServeConfig):
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if self.config.token and not token_matches(_header(scope, b"authorization"), self.config.token):
+            return await self._deny(
+                kind, receive, send, 401, "missing or wrong token: send 'Authorization: Bearer <token>'"
+            )
+        if path == "/mcp" or path.startswith("/mcp/"):
+            return await self._deny(
+                kind, receive, send, 404, "MCP is not served: llm-gym environments have no tools"
+            )
+        if kind == "http":
+            return await self._http(scope, receive, send)
+        return await self._websocket(scope, receive, send)
+
+    async def _deny(self, kind: str, receive, send, status: int, message: str) -> None:
+        body = json.dumps({"detail": message, "code": status}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="llmgym"'))
+        if kind == "http":
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await receive()  # websocket.connect
+        try:  # ASGI's WebSocket denial response, where the server supports it: the client sees the status
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        except Exception:  # noqa: BLE001 (no denial-response extension: a plain refusal, HTTP 403)
+            await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+
+    async def _http(self, scope, receive, send):
+        limit = self.config.max_body_bytes
+        length = _header(scope, b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await self._deny("http", receive, send, 413, f"request body over {limit} bytes")
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await self._deny("http", receive, send, 413, f"request body over {limit} bytes")
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, replay, tracked_send), self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            if not started:
+                t = self.config.request_timeout_s
+                await self._deny("http", receive, send, 504, f"the request took longer than {t:g} s")
+
+    async def _websocket(self, scope, receive, send):
+        cfg = self.config
+        lock = asyncio.Lock()
+        state: dict[str, Any] = {"closed": False, "timer": None}
+
+        async def close(code: int, reason: str, error: str | None = None) -> None:
+            async with lock:
+                if state["closed"]:
+                    return
+                state["closed"] = True
+                if error is not None:
+                    payload = {"type": "error", "data": {"message": error, "code": "TIMEOUT"}}
+                    await send({"type": "websocket.send", "text": json.dumps(payload)})
+                await send({"type": "websocket.close", "code": code, "reason": reason[:120]})
+
+        async def request_timer() -> None:
+            await asyncio.sleep(cfg.request_timeout_s)
+            t = cfg.request_timeout_s
+            await close(
+                CLOSE_REQUEST_TIMEOUT,
+                "request timeout",
+                f"the request took longer than {t:g} s; the session is closed",
+            )
+
+        def cancel_timer() -> None:
+            if state["timer"] is not None:
+                state["timer"].cancel()
+                state["timer"] = None
+
+        async def guarded_receive():
+            if state["closed"]:
+                return {"type": "websocket.disconnect", "code": 1000}
+            try:
+                message = await asyncio.wait_for(receive(), cfg.idle_timeout_s)
+            except asyncio.TimeoutError:
+                await close(CLOSE_IDLE, f"idle for more than {cfg.idle_timeout_s:g} s")
+                return {"type": "websocket.disconnect", "code": CLOSE_IDLE}
+            if message["type"] == "websocket.receive":
+                cancel_timer()
+                state["timer"] = asyncio.ensure_future(request_timer())
+            elif message["type"] == "websocket.disconnect":
+                cancel_timer()
+                state["closed"] = True  # the app's own close after this would fail: the peer is gone
+            return message
+
+        async def guarded_send(message):
+            if message["type"] == "websocket.send":
+                cancel_timer()
+            async with lock:
+                if state["closed"]:
+                    return
+                if message["type"] == "websocket.close":
+                    state["closed"] = True
+                    try:
+                        await send(message)
+                    except Exception:  # noqa: BLE001 (the peer left while we closed)
+                        pass
+                    return
+                await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        finally:
+            cancel_timer()
+
+
+# --------------------------------------------------------------------------------------------------- app
+def create_app(config: ServeConfig):
+    """OpenEnv's FastAPI app for ``config.env_ids``, our two endpoints, wrapped in :class:`Guard`."""
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    runtime = _Runtime(config)
+    factory = functools.partial(LLMGymEnvironment, runtime)
+    app = create_fastapi_app(
+        factory,
+        LLMGymAction,
+        LLMGymObservation,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=config.max_sessions, session_timeout=None),
+    )
+    app.title = "llm-gym environment server (OpenEnv)"
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError):
+        return JSONResponse({"detail": exc.message, "code": exc.status}, status_code=exc.status)
+
+    @app.post("/llmgym/describe", tags=["Environment Info"])
+    async def describe_env(request: Request):
+        """Spaces and attributes of an id with the given kwargs (what ``llmgym/Remote-v0`` builds itself from)."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError(400, "the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        unknown = sorted(str(k) for k in body if k not in ("env_id", "env_kwargs"))
+        if unknown:
+            raise RequestError(400, f"describe takes env_id and env_kwargs, not {', '.join(unknown)}")
+        env_id, kwargs, _, _ = check_reset_request(
+            body, served=config.env_ids, fixed_kwargs=config.env_kwargs
+        )
+
+        def build() -> dict[str, Any]:
+            from llm_gym.registration import make_env
+
+            try:
+                env = make_env(env_id, kwargs)
+            except ValueError as e:
+                raise RequestError(422, str(e)) from None
+            try:
+                out = describe(env_id, env)
+            finally:
+                env.close()
+            out["env_kwargs"] = kwargs
+            out["limits"] = {"max_action_chars": config.max_action_chars, "ws_max_bytes": config.ws_max_bytes}
+            return out
+
+        return await asyncio.to_thread(build)
+
+    @app.get("/llmgym/status", tags=["Health"])
+    async def status():
+        """Served ids, limits and live counters (open environments, sessions opened since start)."""
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "served": list(config.env_ids),
+            "open_envs": runtime.open_envs,
+            "sessions_opened": runtime.sessions_opened,
+            "limits": config.limits(),
+        }
+
+    return Guard(app, config)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (``port`` 0: a free port, read back with ``getsockname``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    return sock
+
+
+def serve(config: ServeConfig, *, sock: socket.socket | None = None, announce: bool = True) -> None:
+    """Run the server until interrupted (Ctrl-C / SIGTERM). ``sock``: an already bound socket."""
+    import uvicorn
+
+    app = create_app(config)
+    sock = sock or bind_socket(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    uv = uvicorn.Config(
+        app,
+        log_level="warning",
+        ws_max_size=config.ws_max_bytes,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+        limit_concurrency=config.max_sessions + 64,
+        timeout_keep_alive=5,
+        lifespan="on",
+    )
+    server = uvicorn.Server(uv)
+    if announce:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"llmgym serve: {', '.join(config.env_ids)} on http://{shown}:{port}", flush=True)
+    server.run(sockets=[sock])
+
+
+def cmd_serve(args: Any) -> int:
+    """``llmgym serve``: check the options, bind, serve until interrupted."""
+    from llm_gym.cli import UsageError
+
+    try:
+        config = config_from_args(args)
+    except (ValueError, json.JSONDecodeError) as e:
+        raise UsageError(str(e)) from None
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {config.host}:{config.port}: {e}") from None
+    try:
+        serve(config, sock=sock)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+__all__ = [
+    "LLMGymAction",
+    "LLMGymEnvironment",
+    "LLMGymObservation",
+    "LLMGymState",
+    "create_app",
+    "serve",
+]
