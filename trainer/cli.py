@@ -572,7 +572,8 @@ def _check_env(config: Any) -> None:
     (``--env_kwargs '{"bogus": 1}'``) is a usage error now rather than a traceback after the model loaded."""
     from llm_gym.registration import make_env
 
-    make_env(config.env, config.make_env_kwargs()).close()
+    for url in getattr(config, "env_url", None) or [None]:  # every server of --env_url serves it too
+        make_env(config.env, config.make_env_kwargs(), env_url=url).close()
 
 
 def _os_error(e: OSError) -> str:

@@ -145,6 +145,13 @@ class EnvArguments:
             "environment's default (None)."
         },
     )
+    env_url: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Play the environment on `llmgym serve` servers instead of in-process: one URL, or several "
+            "(space- or comma-separated) that episodes use in turn. Same seeds, same episodes."
+        },
+    )
 
     def _validate_env(self) -> None:
         from llm_gym.registration import resolve_env_id
@@ -164,6 +171,9 @@ class EnvArguments:
             value = getattr(self, name)
             if value is not None and not _positive_int(value):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        from llm_gym.serve.protocol import parse_env_urls
+
+        self.env_url = parse_env_urls(self.env_url)
 
     def make_env_kwargs(self) -> dict[str, Any]:
         """gym.make kwargs: the turn/action limits plus ``env_kwargs`` (which win)."""

@@ -41,6 +41,7 @@ from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail,
 from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
 from llm_gym.safe_io import OutputLock, OutputLockedError, atomic_write_text
+from llm_gym.serve.protocol import parse_env_urls
 
 #: RAGEN's validation seeds (= llmgym-train's ``eval_seed``), away from its training seeds (``train_seed``).
 DEFAULT_SEED_START = EVAL_SEED
@@ -195,12 +196,14 @@ def evaluate(
     batch_size: int = 32,
     ks: Iterable[int] = (1,),
     progress: bool = True,
+    env_url: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Play every (env, seed, sample) not yet in ``output`` in batches of ``batch_size`` episodes and summarise.
 
     Each batch is one call to :func:`llm_gym.agent.rollout.rollout`, so the policy sees all active episodes of
     the batch at once on every turn; the batch's records are appended to ``output`` when it ends. ``chat`` is
     the :class:`llm_gym.agent.chat.ChatFormat` (e.g. a ``history_window``); put what it changes in ``fingerprint``.
+    ``env_url``: play on ``llmgym serve`` servers (same episodes; not part of the fingerprint).
     """
     from llm_gym.agent.rollout import rollout
 
@@ -231,7 +234,13 @@ def evaluate(
                 chunk = env_todo[start : start + batch_size]
                 meta = {"eval": {**fp, "env_kwargs": env_kwargs}}
                 records = rollout(
-                    env_id, [u.seed for u in chunk], policy, env_kwargs=env_kwargs, chat=chat, meta=meta
+                    env_id,
+                    [u.seed for u in chunk],
+                    policy,
+                    env_kwargs=env_kwargs,
+                    chat=chat,
+                    meta=meta,
+                    env_url=env_url,
                 )
                 for u, rec in zip(chunk, records):
                     rec.meta.update(sample=u.sample, group=u.seed, group_index=u.sample)
@@ -297,6 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--env", nargs="+", default=["FrozenLake"], help="short names (FrozenLake Sokoban ...) or ids"
+    )
+    p.add_argument(
+        "--env_url",
+        nargs="+",
+        default=None,
+        help="play the environments on `llmgym serve` servers (several: episodes use them in turn); same "
+        "episodes as in-process. The random-valid baseline still runs here",
     )
     p.add_argument(
         "--env-kwargs", default="{}", help="JSON object passed to every gym.make, e.g. '{\"max_turns\": 5}'"
@@ -463,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         env_ids, env_kwargs, ks = _check_args(args)
+        env_urls = parse_env_urls(args.env_url)
         chat_kw = chat_settings(args, log=lambda m: print(m, file=sys.stderr))
         out_dir = Path(args.output_dir)
         episodes = out_dir / EPISODES_FILE
@@ -507,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size,
             ks=ks,
             progress=not args.no_progress,
+            env_url=env_urls,
         )
         for env_id, per in result["per_env"].items():  # chance and the optimum on the same seeds and limits
             per["baseline"] = baseline_success(env_id, seeds, env_kwargs, samples=args.samples_per_seed)

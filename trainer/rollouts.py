@@ -29,7 +29,7 @@ from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.agent.rollout import MAX_TURNS_GUARD
 from llm_gym.core.checks import is_int
-from llm_gym.registration import make_env
+from llm_gym.registration import make_env, pick_env_url
 
 #: ``(contexts, max_new_tokens per row) -> (new token ids per row, sampler log-probs per row)``.
 GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[list[float]]]]
@@ -219,6 +219,7 @@ def play_token_episodes(
     group_size: int = 1,
     first_index: int = 0,
     group_dynamics: str = "shared",
+    env_url: str | Sequence[str] | None = None,
 ) -> list[TokenEpisode]:
     """Play one episode per entry of ``seeds`` with token-level bookkeeping, batching every turn.
 
@@ -232,6 +233,7 @@ def play_token_episodes(
         group_dynamics: ``"independent"``: each group member resets with ``options={"dynamics_seed": its index in
             the group}``, so members start identically but draw their own transitions (RAGEN); ``"shared"``: the
             members' transitions are identical too.
+        env_url: play on ``llmgym serve`` servers (one address, or several used in turn per episode).
     """
     chat = chat or ChatFormat()
     if group_dynamics not in ("independent", "shared"):
@@ -248,7 +250,7 @@ def play_token_episodes(
     episodes: list[TokenEpisode] = []
     try:
         for i, seed in enumerate(seeds):
-            env = make_env(env_id, env_kwargs)
+            env = make_env(env_id, env_kwargs, env_url=pick_env_url(env_url, first_index + i))
             member = (first_index + i) % group_size
             options = {"dynamics_seed": member} if group_dynamics == "independent" else None
             obs, _ = env.reset(seed=int(seed), options=options)
@@ -467,6 +469,7 @@ class EnvRolloutFunc:
             group_size=group_size,
             first_index=first_index,
             group_dynamics=getattr(args, "group_dynamics", "independent"),
+            env_url=getattr(args, "env_url", None),
         )
         if getattr(trainer, "use_vllm", False):
             vllm = trainer.vllm_generation

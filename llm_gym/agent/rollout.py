@@ -16,7 +16,7 @@ import gymnasium as gym
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.core.checks import is_int
-from llm_gym.registration import make_env
+from llm_gym.registration import make_env, pick_env_url
 
 #: A batch of chat message lists -> one response text each (same order, same length). When the chat format has a
 #: generation prefix (``ChatFormat(style="ragen")``: ``<think>``), the policy is called as
@@ -55,6 +55,7 @@ def rollout(
     env_kwargs: dict | None = None,
     chat: ChatFormat | None = None,
     meta: dict | None = None,
+    env_url: str | Sequence[str] | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``len(seeds) x group_size`` episodes with ``policy``, one policy call per turn.
 
@@ -68,6 +69,8 @@ def rollout(
             style), the policy gets ``generation_prefix=`` (see :data:`Policy`), and the env, the conversation and
             the record get prefix + generated text, as RAGEN's env does.
         meta: extra keys stored in every record's ``meta`` (e.g. model name, step).
+        env_url: play on ``llmgym serve`` servers instead of in-process (one address, or several used in turn
+            per episode); the records are the same.
 
     Returns:
         One :class:`EpisodeRecord` per environment, seed-major; ``meta`` holds ``group`` (seed index) and
@@ -90,7 +93,7 @@ def rollout(
     try:
         for p, seed in enumerate(seeds):
             for g in range(group_size):
-                env = make_env(env_id, env_kwargs)
+                env = make_env(env_id, env_kwargs, env_url=pick_env_url(env_url, len(envs)))
                 obs, _info = env.reset(seed=seed)
                 conv = Conversation(env, chat)
                 conv.add_observation(obs)
