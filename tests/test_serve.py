@@ -1,0 +1,595 @@
+"""``llmgym serve`` and ``llmgym/Remote-v0`` over the wire (127.0.0.1 only; every wait bounded, every server stopped).
+
+The request checks (:mod:`llm_gym.serve.protocol`) are pure and tested without a server; the rest runs against
+real ``llmgym serve`` processes: the env contract for every registered id, identical episodes to the local env,
+determinism across two server processes, stock OpenEnv clients, the trainer's and evaluator's ``--env_url``
+hooks, and the faults (killed client, killed and restarted server, idle client, oversized and malformed
+messages, wrong token, full server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llm_gym
+from llm_gym.serve.config import ServeConfig, token_matches
+from llm_gym.serve.protocol import (
+    RequestError,
+    check_action,
+    check_reset_request,
+    jsonable,
+    parse_env_urls,
+    space_from_json,
+    space_to_json,
+)
+from tests._envs import ALL_IDS, make_kwargs
+from tests._serve import LLMGYM, ROOT, running_server, start_server
+from tests.test_env_contract import _responses
+
+pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
+websockets = pytest.importorskip("websockets")
+
+from llm_gym.serve.client import RemoteEnvError, RemoteRequestError  # noqa: E402
+
+TOKEN = "t0ken-for-the-tests-0123456789"
+SOKOBAN, FL = "llmgym/Sokoban-v0", "llmgym/FrozenLake-v0"
+
+
+def _norm(value):
+    """What JSON keeps of a value (info tuples arrive as lists): the form records store."""
+    return json.loads(json.dumps(value))
+
+
+def _trace(env, seed: int, responses: list[str], options=None) -> list:
+    obs, info = env.reset(seed=seed, options=options)
+    out = [obs, _norm(info)]
+    for text in responses:
+        obs, r, term, trunc, info = env.step(text)
+        out += [obs, r, term, trunc, _norm(info)]
+        if term or trunc:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------------------ pure checks
+SERVED = tuple(ALL_IDS)
+
+
+def test_reset_request_checks_every_field():
+    env_id, kwargs, seed, options = check_reset_request(
+        {"seed": 3, "env_id": SOKOBAN, "env_kwargs": {"max_turns": 2}, "options": {"dynamics_seed": 1}},
+        served=SERVED,
+    )
+    assert (env_id, kwargs, seed, options) == (SOKOBAN, {"max_turns": 2}, 3, {"dynamics_seed": 1})
+    assert check_reset_request({}, served=(FL, SOKOBAN))[0] == FL  # the first served id by default
+    cases = {
+        404: [
+            {"env_id": "CartPole-v1"},
+            {"env_id": "os:system"},
+            {"env_id": "llmgym/Remote-v0"},  # never served: its url would make the server connect out
+            {"env_id": "llmgym/Nope-v0"},
+        ],
+        400: [{"sed": 3}, {"module": "os"}],
+        422: [
+            {"env_id": SOKOBAN, "env_kwargs": {"bogus": 1}},
+            {"env_id": SOKOBAN, "env_kwargs": {"level_file": "/etc/passwd"}},
+            {"env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}},
+            {"env_id": SOKOBAN, "env_kwargs": {"render_mode": "human"}},
+            {"env_id": SOKOBAN, "env_kwargs": [1, 2]},
+            {"seed": -1},
+            {"seed": 2**64},
+            {"seed": "1"},
+            {"seed": True},
+            {"options": [1]},
+            {"options": {"x": float("nan")}},
+        ],
+        413: [{"env_id": SOKOBAN, "env_kwargs": {"vocab": "x" * 20000}}],
+    }
+    for status, requests in cases.items():
+        for request in requests:
+            with pytest.raises(RequestError) as err:
+                check_reset_request(request, served=SERVED)
+            assert err.value.status == status, request
+    # the bundled sample is the one data set a client may ask for
+    assert check_reset_request(
+        {"env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "sample"}}, served=SERVED
+    )[1] == {"dataset": "sample"}
+    with pytest.raises(RequestError, match="not served here"):
+        check_reset_request({"env_id": SOKOBAN}, served=(FL,))
+    # kwargs the operator fixed apply, and a client may not change them
+    assert check_reset_request({"env_id": SOKOBAN}, served=SERVED, fixed_kwargs={"max_turns": 3})[1] == {
+        "max_turns": 3
+    }
+    with pytest.raises(RequestError, match="fixed by the server"):
+        check_reset_request(
+            {"env_id": SOKOBAN, "env_kwargs": {"max_turns": 4}}, served=SERVED, fixed_kwargs={"max_turns": 3}
+        )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    request=st.dictionaries(
+        st.sampled_from(["seed", "env_id", "env_kwargs", "options", "x"]) | st.text(max_size=6),
+        json_values | st.sampled_from(ALL_IDS),
+        max_size=5,
+    )
+)
+def test_any_reset_request_is_accepted_or_refused_with_a_4xx(request):
+    try:
+        env_id, kwargs, seed, options = check_reset_request(request, served=SERVED)
+    except RequestError as e:
+        assert 400 <= e.status < 500 and e.message
+        return
+    assert env_id in SERVED and isinstance(kwargs, dict) and (options is None or isinstance(options, dict))
+    assert seed is None or 0 <= seed < 2**64
+
+
+def test_action_size_limit_is_a_413():
+    assert check_action("x" * 10, 10) == "x" * 10
+    with pytest.raises(RequestError) as err:
+        check_action("x" * 11, 10)
+    assert err.value.status == 413 and "nothing was executed" in str(err.value)
+    with pytest.raises(RequestError) as err:
+        check_action(None, 10)
+    assert err.value.status == 422
+
+
+def test_spaces_and_values_travel_as_data():
+    env = gym.make(SOKOBAN)
+    for space in (env.observation_space, env.action_space):
+        back = space_from_json(json.loads(json.dumps(space_to_json(space))))
+        assert type(back) is type(space) and back.max_length == space.max_length
+        assert back.character_set == space.character_set
+    for bad in ({"type": "Box"}, {"type": "Text", "max_length": -1}, {"type": "Text", "max_length": 3}, "x"):
+        with pytest.raises(ValueError):
+            space_from_json(bad)
+    assert jsonable({"a": (1, np.int64(2), np.float32(0.5)), 3: [True, None]}) == {
+        "a": [1, 2, 0.5],
+        "3": [True, None],
+    }
+    with pytest.raises(ValueError):
+        jsonable({"f": object()})
+
+
+def test_tokens_and_bind_address():
+    assert token_matches(f"Bearer {TOKEN}", TOKEN)
+    import base64
+
+    basic = base64.b64encode(f"any:{TOKEN}".encode()).decode()
+    assert token_matches(f"Basic {basic}", TOKEN)
+    for wrong in (
+        None,
+        "",
+        f"Bearer {TOKEN}x",
+        "Bearer",
+        f"Token {TOKEN}",
+        "Basic !!!",
+        f"bearer {TOKEN[:-1]}",
+    ):
+        assert not token_matches(wrong, TOKEN)
+    with pytest.raises(ValueError, match="needs a token"):
+        ServeConfig(env_ids=(FL,), host="0.0.0.0")
+    with pytest.raises(ValueError, match="at least 16"):
+        ServeConfig(env_ids=(FL,), token="short")
+    with pytest.raises(ValueError, match="not an llm-gym id"):
+        ServeConfig(env_ids=("CartPole-v1",))
+    assert ServeConfig(env_ids=(FL,), host="0.0.0.0", token=TOKEN).limits()["token_required"]
+    assert parse_env_urls("http://a:1, http://b:2") == ["http://a:1", "http://b:2"]
+    assert parse_env_urls(None) is None
+    for bad in ("a:1", "file:///x", ["http://a:1", 3]):
+        with pytest.raises(ValueError):
+            parse_env_urls(bad)
+
+
+def test_cli_refuses_an_open_address_without_a_token_and_unknown_ids(monkeypatch, capsys):
+    from llm_gym.cli import main
+
+    monkeypatch.delenv("LLMGYM_SERVE_TOKEN", raising=False)
+    for args in (["--host", "0.0.0.0"], ["--env", "CartPole-v1"], ["--env_kwargs", "[1]"], ["--port", "-5"]):
+        assert main(["serve", *args]) == 2, args  # refused before binding anything
+        err = capsys.readouterr().err
+        assert err.startswith("llmgym serve: error:") and "Traceback" not in err
+
+
+def test_remote_id_is_registered_but_never_trusted_from_a_record():
+    assert "llmgym/Remote-v0" in gym.registry and "llmgym/Remote-v0" not in llm_gym.list_envs()
+    with pytest.raises(ValueError):
+        llm_gym.registration.check_trusted_env_id("llmgym/Remote-v0")
+
+
+# --------------------------------------------------------------------------------------- over the wire
+@pytest.fixture(scope="module")
+def server():
+    with running_server() as s:  # every registered id
+        yield s
+
+
+def _remote(server, env_id, **kw):
+    return gym.make("llmgym/Remote-v0", url=server.url, env_id=env_id, env_kwargs=make_kwargs(env_id), **kw)
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_contract_and_identical_episodes_over_the_wire(server, env_id):
+    remote = _remote(server, env_id)
+    local = gym.make(env_id, **make_kwargs(env_id))
+    try:
+        check_env(remote.unwrapped)
+        for seed in (0, 11):
+            responses = _responses(local, 6, seed)
+            assert _trace(remote, seed, responses) == _trace(local, seed, responses)
+            base, rbase = local.unwrapped, remote.unwrapped
+            assert rbase.instructions == base.instructions
+            for name in ("turn", "actions_left", "turns_left", "think", "max_turns", "action_sep"):
+                if hasattr(base, name):
+                    assert getattr(rbase, name) == getattr(base, name), name
+            assert tuple(rbase.action_names or ()) == tuple(base.action_names or ())
+            assert rbase.reward_spec == base.reward_spec
+            assert rbase.example_response() == base.example_response()
+        assert remote.observation_space.max_length == local.observation_space.max_length
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_group_of_sessions_shares_a_start_and_dynamics_seeds_split_transitions(server):
+    envs = [
+        gym.make("llmgym/Remote-v0", url=server.url, env_id="llmgym/FrozenLakeSlippery-v0") for _ in range(6)
+    ]
+    try:
+        starts = {e.reset(seed=21)[0] for e in envs}
+        assert len(starts) == 1  # a GRPO group: one seed, one start state, in six sessions
+        local = gym.make("llmgym/FrozenLakeSlippery-v0")
+        moves = ["<think>x</think><answer>Right || Down</answer>"] * 3
+        for k, e in enumerate(envs):  # dynamics_seed travels in options and gives the local env's transitions
+            assert _trace(e, 21, moves, {"dynamics_seed": k}) == _trace(
+                local, 21, moves, {"dynamics_seed": k}
+            )
+    finally:
+        for e in envs:
+            e.close()
+
+
+@pytest.mark.slow  # two server processes or a server restart: ~10-20 s on 2 loaded cores
+def test_determinism_across_two_server_processes():
+    responses = [
+        "<think>a</think><answer>Up || Left</answer>",
+        "bad",
+        "<think>b</think><answer>Down</answer>",
+    ]
+    traces = []
+    for hashseed in ("1", "2"):
+        with running_server("--env", SOKOBAN, "--env", FL, env={"PYTHONHASHSEED": hashseed}) as s:
+            run = []
+            for env_id in (SOKOBAN, FL):
+                env = gym.make("llmgym/Remote-v0", url=s.url, env_id=env_id)
+                run += [_trace(env, seed, responses, {"dynamics_seed": 3}) for seed in (5, 6)]
+                env.close()
+            traces.append(run)
+    assert traces[0] == traces[1]
+
+
+def test_stock_openenv_client_round_trip(server):
+    from openenv.core import GenericEnvClient
+
+    local = gym.make(SOKOBAN)
+    with GenericEnvClient(base_url=server.url).sync() as client:
+        result = client.reset(seed=4, env_id=SOKOBAN)
+        obs, info = local.reset(seed=4)
+        assert result.observation["text"] == obs and result.done is False and result.reward is None
+        assert result.observation["instructions"] == local.unwrapped.instructions
+        assert result.observation["info"] == _norm(info)
+        action = "<think>t</think><answer>Left || Up</answer>"
+        result = client.step({"text": action})
+        obs, reward, term, trunc, info = local.step(action)
+        assert result.observation["text"] == obs and result.reward == reward
+        assert result.done == (term or trunc) and result.observation["terminated"] == term
+        assert result.observation["info"] == _norm(info)
+        state = client.state()
+        assert state["env_id"] == SOKOBAN and state["seed"] == 4 and state["step_count"] == 1
+        with pytest.raises(
+            RuntimeError, match="does not take 'sed'"
+        ):  # a stock server would drop it silently
+            client.reset(sed=4)
+        with pytest.raises(RuntimeError, match="Invalid message|VALIDATION"):
+            client.step({"txt": "x"})
+    assert server.wait_open_envs(0) == 0
+
+
+@pytest.mark.slow  # two server processes or a server restart: ~10-20 s on 2 loaded cores
+def test_trl_environment_factory_over_an_openenv_client(server):
+    """TRL's OpenEnv path: an environment_factory class that wraps an OpenEnv client (TRL docs/source/openenv.md),
+    driven as TRL's tool loop drives it (reset with the dataset row, tool calls, reward read at the end)."""
+    from openenv.core import GenericEnvClient
+
+    class SokobanTools:
+        def __init__(self):
+            self.client = GenericEnvClient(base_url=server.url).sync()
+            self.client.connect()
+            self.reward = 0.0
+
+        def reset(self, **row) -> str:
+            self.reward = 0.0
+            return self.client.reset(seed=row["seed"], env_id=SOKOBAN).observation["text"]
+
+        def move(self, direction: str) -> str:
+            """Move the player.
+
+            Args:
+                direction: Up, Down, Left or Right
+            """
+            result = self.client.step({"text": f"<think>.</think><answer>{direction}</answer>"})
+            self.reward += result.reward
+            return result.observation["text"]
+
+    pytest.importorskip("trl")
+    from transformers.utils import get_json_schema
+
+    env = SokobanTools()
+    try:
+        assert get_json_schema(env.move)["function"]["name"] == "move"  # what TRL builds the tool schema from
+        local = gym.make(SOKOBAN)
+        assert env.reset(seed=9, prompt="p") == local.reset(seed=9)[0]
+        total = 0.0
+        for d in ("Up", "Left", "Down"):
+            obs, reward, *_ = local.step(f"<think>.</think><answer>{d}</answer>")
+            assert env.move(d) == obs
+            total += reward
+        assert env.reward == pytest.approx(total)
+    finally:
+        env.client.close()
+
+
+# ---------------------------------------------------------------------------------------------- faults
+def test_unknown_ids_and_bad_kwargs_are_clear_4xx(server):
+    with pytest.raises(RemoteRequestError) as err:
+        gym.make("llmgym/Remote-v0", url=server.url, env_id=SOKOBAN, env_kwargs={"bogus": 1})
+    assert err.value.status == 422 and "bogus" in str(err.value)
+    with pytest.raises(RemoteRequestError) as err:
+        gym.make("llmgym/Remote-v0", url=server.url, env_id=SOKOBAN, env_kwargs={"level_file": "/etc/passwd"})
+    assert err.value.status == 422
+    with pytest.raises(RemoteRequestError) as err:
+        gym.make("llmgym/Remote-v0", url=server.url, env_id=SOKOBAN, env_kwargs={"max_turns": 0})
+    assert err.value.status == 422 and "max_turns" in str(err.value)
+    with pytest.raises(ValueError, match="not an llm-gym id"):  # refused before anything is sent
+        gym.make("llmgym/Remote-v0", url=server.url, env_id="CartPole-v1")
+
+
+def test_oversized_action_is_a_413_and_the_session_goes_on(server):
+    remote = gym.make("llmgym/Remote-v0", url=server.url, env_id=SOKOBAN)
+    local = gym.make(SOKOBAN)
+    try:
+        assert remote.reset(seed=2)[0] == local.reset(seed=2)[0]
+        with pytest.raises(RemoteRequestError) as err:
+            remote.step("x" * 16385)
+        assert err.value.status == 413 and "nothing was executed" in str(err.value)
+        action = "<think>t</think><answer>Right</answer>"
+        assert _norm(remote.step(action)) == _norm(local.step(action))  # as if the big action never came
+    finally:
+        remote.close()
+
+
+def _raw_session(url, token=None):
+    from websockets.sync.client import connect
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return connect(
+        "ws" + url[4:] + "/ws", additional_headers=headers, open_timeout=10, proxy=None, max_size=None
+    )
+
+
+def test_malformed_and_oversized_messages(server):
+    from websockets.exceptions import ConnectionClosed
+
+    with _raw_session(server.url) as ws:
+        for raw, code in (
+            ("{not json", "INVALID_JSON"),
+            (json.dumps({"type": "teleport"}), "UNKNOWN_TYPE"),
+            (json.dumps({"type": "step", "data": {"text": 5}}), "VALIDATION_ERROR"),
+            (json.dumps({"type": "step", "data": {"text": "x"}}), "EXECUTION_ERROR"),  # no reset yet: a 409
+            (json.dumps({"type": "reset", "data": {"env_id": "os:system"}}), "EXECUTION_ERROR"),
+        ):
+            ws.send(raw)
+            reply = json.loads(ws.recv(timeout=20))
+            assert reply["type"] == "error" and reply["data"]["code"] == code, (raw, reply)
+        ws.send(
+            json.dumps({"type": "reset", "data": {"seed": 1, "env_id": SOKOBAN}})
+        )  # the session still works
+        assert json.loads(ws.recv(timeout=20))["type"] == "observation"
+        ws.send("x" * (300 << 10))  # over the transport limit: the connection is closed (1009)
+        with pytest.raises(ConnectionClosed) as err:
+            ws.recv(timeout=20)
+        assert err.value.rcvd is not None and err.value.rcvd.code == 1009
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for body, status in ((b"{", 400), (b"[1]", 400), (json.dumps({"env_id": FL, "x": 1}).encode(), 400)):
+        req = urllib.request.Request(server.url + "/llmgym/describe", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            opener.open(req, timeout=20)
+        assert err.value.code == status
+    import http.client
+
+    conn = http.client.HTTPConnection(server.url.split("//", 1)[1], timeout=20)
+    conn.putrequest("POST", "/llmgym/describe")
+    conn.putheader("Content-Length", str(2 << 20))  # refused on the header, before the body is read
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    conn.close()
+    req = urllib.request.Request(server.url + "/mcp", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        opener.open(req, timeout=20)
+    assert err.value.code == 404
+    assert server.wait_open_envs(0) == 0
+
+
+@pytest.mark.slow  # two server processes or a server restart: ~10-20 s on 2 loaded cores
+def test_wrong_token_is_refused_and_the_right_one_works():
+    with running_server("--env", FL, env={"LLMGYM_SERVE_TOKEN": TOKEN}) as s:
+        for token in (None, TOKEN + "x"):
+            with pytest.raises(RemoteEnvError, match="401"):
+                gym.make("llmgym/Remote-v0", url=s.url, env_id=FL, token=token or "")
+        from websockets.exceptions import InvalidStatus
+
+        with pytest.raises(InvalidStatus) as err:
+            _raw_session(s.url, token="wrong-token-wrong-token")
+        assert err.value.response.status_code == 401
+        env = gym.make("llmgym/Remote-v0", url=s.url, env_id=FL, token=TOKEN)
+        assert env.reset(seed=1)[0] == gym.make(FL).reset(seed=1)[0]
+        env.close()
+        # a stock OpenEnv client sends no headers: the token goes in the URL (HTTP Basic)
+        from openenv.core import GenericEnvClient
+
+        host = s.url.split("//", 1)[1]
+        with GenericEnvClient(base_url=f"http://llmgym:{TOKEN}@{host}").sync() as client:
+            assert client.reset(seed=1).observation["text"] == gym.make(FL).reset(seed=1)[0]
+        assert s.wait_open_envs(0, token=TOKEN) == 0
+
+
+CLIENT_SCRIPT = """
+import sys, time, gymnasium as gym, llm_gym
+env = gym.make("llmgym/Remote-v0", url=sys.argv[1], env_id="llmgym/Sokoban-v0")
+env.reset(seed=1)
+env.step("<think>.</think><answer>Up</answer>")
+print("mid-episode", flush=True)
+time.sleep(120)
+"""
+
+
+def test_client_killed_mid_episode_frees_its_session(server):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_SCRIPT, server.url], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "mid-episode"
+        assert server.status()["open_envs"] >= 1
+        proc.kill()
+        proc.wait(timeout=15)
+        assert server.wait_open_envs(0) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.mark.slow  # two server processes or a server restart: ~10-20 s on 2 loaded cores
+def test_server_killed_and_restarted_gives_a_clear_error_then_a_new_session():
+    s = start_server("--env", SOKOBAN)
+    try:
+        env = gym.make("llmgym/Remote-v0", url=s.url, env_id=SOKOBAN, request_timeout_s=20)
+        env.reset(seed=3)
+        port = s.port
+        s.kill()
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEnvError, match="connection was lost|closed the session|cannot"):
+            env.step("<think>.</think><answer>Up</answer>")
+        assert time.monotonic() - t0 < 15  # an error, not a hang
+        with pytest.raises(gym.error.ResetNeeded):
+            env.step("<think>.</think><answer>Up</answer>")
+        with pytest.raises(RemoteEnvError, match="cannot open a session"):
+            env.reset(seed=3)  # nothing listens now
+        s = start_server("--env", SOKOBAN, port=port)
+        assert env.reset(seed=3)[0] == gym.make(SOKOBAN).reset(seed=3)[0]  # a new session on the new server
+        env.close()
+        assert s.wait_open_envs(0) == 0
+    finally:
+        s.stop()
+
+
+def test_idle_client_is_expired_and_full_server_refuses_clearly():
+    with running_server("--env", FL, "--idle_timeout", "1", "--max_sessions", "2") as s:
+        a = gym.make("llmgym/Remote-v0", url=s.url, env_id=FL)
+        b = gym.make("llmgym/Remote-v0", url=s.url, env_id=FL)
+        c = gym.make("llmgym/Remote-v0", url=s.url, env_id=FL)
+        a.reset(seed=1)
+        b.reset(seed=1)
+        with pytest.raises(RemoteEnvError, match="CAPACITY_REACHED|capacity"):
+            c.reset(seed=1)
+        time.sleep(2.5)  # a and b are idle past the limit: closed by the server
+        with pytest.raises(RemoteEnvError, match="idle"):
+            a.step("<think>.</think><answer>Up</answer>")
+        assert s.wait_open_envs(0) == 0
+        assert c.reset(seed=1)[0] == gym.make(FL).reset(seed=1)[0]  # room again
+        for e in (a, b, c):
+            e.close()
+        assert s.wait_open_envs(0) == 0
+
+
+# ------------------------------------------------------------------------------------ our loops remote
+def test_agent_rollout_records_are_identical_over_several_servers(server):
+    from llm_gym.agent.rollout import rollout
+
+    replies = iter(
+        ["<think>a</think><answer>Right || Down</answer>", "nope", "<think>b</think><answer>Left</answer>"]
+        * 50
+    )
+
+    def policy(batch):
+        return [next(replies) for _ in batch]
+
+    with running_server("--env", FL) as second:
+        urls = [server.url, second.url]
+        remote = rollout(FL, [3, 4], policy, group_size=2, env_kwargs={"max_turns": 3}, env_url=urls)
+    replies = iter(
+        ["<think>a</think><answer>Right || Down</answer>", "nope", "<think>b</think><answer>Left</answer>"]
+        * 50
+    )
+    local = rollout(FL, [3, 4], policy, group_size=2, env_kwargs={"max_turns": 3})
+    assert [_norm(r.to_dict()) for r in remote] == [_norm(r.to_dict()) for r in local]
+
+
+def test_trainer_token_rollouts_are_identical_remote(server):
+    pytest.importorskip("transformers")
+    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
+
+    from tests._tiny import build_tiny_tokenizer
+    from tests.test_trainer_rollouts import ANSWERS, ScriptedGenerate
+
+    template = ChatTemplateTokens(build_tiny_tokenizer("chatml"))
+    out = []
+    for env_url in (None, [server.url]):
+        eps = play_token_episodes(
+            "llmgym/FrozenLake-v0",
+            [4, 4, 5, 5],
+            ScriptedGenerate(template, ANSWERS),
+            template,
+            max_new_tokens=48,
+            max_completion_length=2000,
+            env_kwargs={"max_turns": 3},
+            group_size=2,
+            group_dynamics="independent",
+            env_url=env_url,
+        )
+        out.append([(e.prompt_ids, e.completion_ids, e.env_mask, _norm(e.record.to_dict())) for e in eps])
+    assert out[0] == out[1]
+
+
+def test_eval_cli_accepts_env_url_and_refuses_bad_ones(tmp_path):
+    pytest.importorskip("transformers")
+    from llm_gym.trainer.evaluate import build_parser
+
+    args = build_parser().parse_args(
+        ["--model", "m", "--env_url", "http://127.0.0.1:1", "http://127.0.0.1:2"]
+    )
+    assert parse_env_urls(args.env_url) == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    from llm_gym.trainer.evaluate import main
+
+    assert main(["--model", "m", "--env_url", "nonsense", "--output_dir", str(tmp_path / "o")]) == 2
