@@ -10,7 +10,6 @@ messages, wrong token, full server).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from llm_gym.serve.protocol import (
     space_to_json,
 )
 from tests._envs import ALL_IDS, make_kwargs
-from tests._serve import LLMGYM, ROOT, running_server, start_server
+from tests._serve import ROOT, running_server, start_server
 from tests.test_env_contract import _responses
 
 pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
@@ -434,6 +433,23 @@ def test_malformed_and_oversized_messages(server):
     conn.endheaders()
     assert conn.getresponse().status == 413
     conn.close()
+
+    # OpenEnv's stateless HTTP routes: /reset answers the first observation, /step has no episode (409)
+    def post(path, payload):
+        req = urllib.request.Request(
+            server.url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with opener.open(req, timeout=20) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = post("/reset", {"seed": 8, "env_id": SOKOBAN})
+    assert status == 200 and body["observation"]["text"] == gym.make(SOKOBAN).reset(seed=8)[0]
+    assert post("/reset", {"env_id": "os:system"})[0] == 404
+    status, body = post("/step", {"action": {"text": "<answer>Up</answer>"}})
+    assert status == 409 and "reset first" in body["detail"]
     req = urllib.request.Request(server.url + "/mcp", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         opener.open(req, timeout=20)
@@ -593,3 +609,143 @@ def test_eval_cli_accepts_env_url_and_refuses_bad_ones(tmp_path):
     from llm_gym.trainer.evaluate import main
 
     assert main(["--model", "m", "--env_url", "nonsense", "--output_dir", str(tmp_path / "o")]) == 2
+
+
+# ----------------------------------------------------------------------------------- the guard, in-process
+def _drive(guard, scope, incoming):
+    """Run ``guard`` on one ASGI connection fed ``incoming`` messages; returns what it sent."""
+    import asyncio
+
+    sent = []
+
+    async def run():
+        queue = asyncio.Queue()
+        for m in incoming:
+            queue.put_nowait(m)
+
+        async def receive():
+            return await queue.get()
+
+        async def send(m):
+            sent.append(m)
+
+        await asyncio.wait_for(guard(scope, receive, send), 10)
+
+    asyncio.run(run())
+    return sent
+
+
+def _guard(app, **kw):
+    from llm_gym.serve.server import Guard
+
+    return Guard(app, ServeConfig(env_ids=(FL,), **kw))
+
+
+def test_guard_bounds_a_slow_request_and_expires_an_idle_session():
+    import asyncio
+
+    async def slow_ws_app(scope, receive, send):
+        await receive()  # connect
+        await send({"type": "websocket.accept"})
+        while True:
+            m = await receive()
+            if m["type"] == "websocket.disconnect":
+                return
+            await asyncio.sleep(5)  # a reset or step that never ends in time
+            await send({"type": "websocket.send", "text": "late"})
+
+    scope = {"type": "websocket", "path": "/ws", "headers": []}
+    guard = _guard(slow_ws_app, request_timeout_s=0.2)
+    sent = _drive(guard, scope, [{"type": "websocket.connect"}, {"type": "websocket.receive", "text": "{}"}])
+    assert sent[0]["type"] == "websocket.accept"
+    assert json.loads(sent[1]["text"])["data"]["code"] == "TIMEOUT"
+    assert sent[2] == {"type": "websocket.close", "code": 4504, "reason": "request timeout"}
+    assert "late" not in [m.get("text") for m in sent]  # the late reply is dropped
+
+    guard = _guard(slow_ws_app, idle_timeout_s=0.2)
+    sent = _drive(guard, scope, [{"type": "websocket.connect"}])  # then nothing: idle
+    assert sent[-1]["type"] == "websocket.close" and sent[-1]["code"] == 4408
+
+    async def slow_http_app(scope, receive, send):
+        await asyncio.sleep(5)
+
+    http = {"type": "http", "path": "/llmgym/describe", "headers": []}
+    sent = _drive(
+        _guard(slow_http_app, request_timeout_s=0.2), http, [{"type": "http.request", "body": b"{}"}]
+    )
+    assert sent[0]["status"] == 504
+
+
+def test_guard_refuses_before_the_app_sees_anything():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["path"])
+
+    ws = {"type": "websocket", "path": "/ws", "headers": [(b"authorization", b"Bearer nope")]}
+    sent = _drive(_guard(app, token=TOKEN), ws, [{"type": "websocket.connect"}])
+    assert sent[0]["type"] in ("websocket.http.response.start", "websocket.close")
+    assert sent[0].get("status", 401) == 401
+    http = {"type": "http", "path": "/llmgym/status", "headers": [(b"content-length", b"99999999")]}
+    assert _drive(_guard(app), http, [{"type": "http.request", "body": b""}])[0]["status"] == 413
+    http = {"type": "http", "path": "/mcp", "headers": []}
+    assert _drive(_guard(app), http, [{"type": "http.request", "body": b""}])[0]["status"] == 404
+    assert seen == []
+
+
+def test_llm_gym_imports_without_the_serve_extra():
+    code = (
+        "import sys; sys.modules['openenv'] = None; sys.modules['websockets'] = None\n"
+        "import gymnasium as gym, llm_gym\n"
+        "from llm_gym.cli import build_parser; build_parser()\n"
+        "gym.make('llmgym/FrozenLake-v0').reset(seed=0)\n"
+        "try:\n    import llm_gym.serve.server\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'llm-gym[serve]'" in out.stdout
+
+
+@pytest.mark.slow  # a server and a few hundred sessions: ~15 s
+def test_benchmark_quick_mode(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "env_server.py"), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert result["server"]["errors"] == 0 and result["server"]["steps"] == 8 * 20
+    assert result["churn"]["open_envs_after"] == 0 and "ratios" in run.stdout
+
+
+@pytest.mark.parametrize("style", ["llmgym", "ragen"])
+def test_chat_styles_and_one_shot_format_remote_envs_as_local_ones(server, style):
+    from llm_gym.agent.chat import ChatFormat
+    from llm_gym.agent.rollout import rollout
+
+    seen = {}
+
+    def policy(batch, generation_prefix=""):
+        seen.setdefault("prompts", []).append(batch)
+        return [
+            "Left || Up</think><answer>Left || Up</answer>" if generation_prefix else "<answer>Up</answer>"
+        ] * len(batch)
+
+    out = []
+    for env_id in ("llmgym/Sokoban-v0", "llmgym/RagenCoordFrozenLake-v0", "llmgym/Countdown-v0"):
+        for env_url in (None, server.url):
+            seen.clear()
+            records = rollout(
+                env_id,
+                [1, 2],
+                policy,
+                env_kwargs={"max_turns": 2},
+                chat=ChatFormat(style=style, one_shot=True),
+                env_url=env_url,
+            )
+            out.append((seen["prompts"], [_norm(r.to_dict()) for r in records]))
+        assert out[-1] == out[-2], env_id  # the same prompts, turn by turn, and the same records

@@ -31,6 +31,7 @@ import gymnasium as gym
 
 from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
 from llm_gym.serve.protocol import (
+    DERIVED_ATTRIBUTES,
     DYNAMIC_ATTRIBUTES,
     PROTOCOL_VERSION,
     STATIC_ATTRIBUTES,
@@ -350,7 +351,7 @@ class RemoteEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------------------- mirrored attributes
     def __getattr__(self, name: str) -> Any:
         # Only called for names not found normally: the env attributes the server sent.
-        if name.startswith("_") or name not in (*STATIC_ATTRIBUTES, *DYNAMIC_ATTRIBUTES):
+        if name.startswith("_") or name not in (*STATIC_ATTRIBUTES, *DYNAMIC_ATTRIBUTES, *DERIVED_ATTRIBUTES):
             raise AttributeError(name)
         attrs = self.__dict__.get("_attrs", {})
         if name not in attrs:
@@ -371,6 +372,15 @@ class RemoteEnv(gym.Env[str, str]):
             return str(self._attrs["methods"]["example_response"])
         except (KeyError, TypeError):
             raise AttributeError(f"{self.env_id} has no example_response") from None
+
+    def ragen_prompt(self):
+        """The server env's RAGEN prompt text (``ChatFormat(style="ragen")``), or ``None`` when it has none."""
+        data = (self._attrs.get("methods") or {}).get("ragen_prompt")
+        if not isinstance(data, dict):
+            return None
+        from llm_gym.core import env as core_env
+
+        return core_env.RagenPrompt(**data)
 
     def __repr__(self) -> str:
         return f"<RemoteEnv {self.env_id} at {self.url}>"

@@ -9,6 +9,7 @@ JSON values, and a kwarg that names a file or a hub data set is the server opera
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Mapping
@@ -60,8 +61,11 @@ STATIC_ATTRIBUTES = (
     "turn_limit_terminates",
 )
 DYNAMIC_ATTRIBUTES = ("turn", "actions_left", "turns_left", "reset_seed")
-#: Zero-argument methods whose result a client can ask for as data.
-STATIC_METHODS = ("example_response",)
+#: Zero-argument methods whose result travels as data (a dataclass as its fields), for the client to answer.
+STATIC_METHODS = ("example_response", "ragen_prompt")
+#: Attributes the server derives: ``family``, the env's package under ``llm_gym.envs`` (what chat formatting's
+#: RAGEN style keys its text on).
+DERIVED_ATTRIBUTES = ("family",)
 
 
 class RequestError(ValueError):
@@ -281,12 +285,18 @@ def static_surface(env: gym.Env) -> dict[str, Any]:
     spec = getattr(base, "reward_spec", None)
     if spec is not None and hasattr(spec, "components"):
         out["reward_spec"] = [[c.name, float(c.value), str(c.description)] for c in spec.components]
+    module = type(base).__module__
+    if module.startswith("llm_gym.envs."):
+        out["family"] = module.split(".")[2]
     methods: dict[str, Any] = {}
     for name in STATIC_METHODS:
         method = getattr(base, name, None)
         if callable(method):
             try:
-                methods[name] = jsonable(method())
+                value = method()
+                if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                    value = dataclasses.asdict(value)
+                methods[name] = jsonable(value)
             except Exception:  # noqa: BLE001 (not available for this env)
                 continue
     out["methods"] = methods
