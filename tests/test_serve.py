@@ -312,50 +312,6 @@ def test_stock_openenv_client_round_trip(server):
     assert server.wait_open_envs(0) == 0
 
 
-@pytest.mark.slow  # two server processes or a server restart: ~10-20 s on 2 loaded cores
-def test_trl_environment_factory_over_an_openenv_client(server):
-    """TRL's OpenEnv path: an environment_factory class that wraps an OpenEnv client (TRL docs/source/openenv.md),
-    driven as TRL's tool loop drives it (reset with the dataset row, tool calls, reward read at the end)."""
-    from openenv.core import GenericEnvClient
-
-    class SokobanTools:
-        def __init__(self):
-            self.client = GenericEnvClient(base_url=server.url).sync()
-            self.client.connect()
-            self.reward = 0.0
-
-        def reset(self, **row) -> str:
-            self.reward = 0.0
-            return self.client.reset(seed=row["seed"], env_id=SOKOBAN).observation["text"]
-
-        def move(self, direction: str) -> str:
-            """Move the player.
-
-            Args:
-                direction: Up, Down, Left or Right
-            """
-            result = self.client.step({"text": f"<think>.</think><answer>{direction}</answer>"})
-            self.reward += result.reward
-            return result.observation["text"]
-
-    pytest.importorskip("trl")
-    from transformers.utils import get_json_schema
-
-    env = SokobanTools()
-    try:
-        assert get_json_schema(env.move)["function"]["name"] == "move"  # what TRL builds the tool schema from
-        local = gym.make(SOKOBAN)
-        assert env.reset(seed=9, prompt="p") == local.reset(seed=9)[0]
-        total = 0.0
-        for d in ("Up", "Left", "Down"):
-            obs, reward, *_ = local.step(f"<think>.</think><answer>{d}</answer>")
-            assert env.move(d) == obs
-            total += reward
-        assert env.reward == pytest.approx(total)
-    finally:
-        env.client.close()
-
-
 # ---------------------------------------------------------------------------------------------- faults
 def test_unknown_ids_and_bad_kwargs_are_clear_4xx(server):
     with pytest.raises(RemoteRequestError) as err:
@@ -749,3 +705,95 @@ def test_chat_styles_and_one_shot_format_remote_envs_as_local_ones(server, style
             )
             out.append((seen["prompts"], [_norm(r.to_dict()) for r in records]))
         assert out[-1] == out[-2], env_id  # the same prompts, turn by turn, and the same records
+
+
+@pytest.mark.slow  # a tiny model trained two GRPO steps through stock TRL: ~30 s
+def test_stock_trl_grpo_trains_through_an_openenv_client_on_the_server(server, tmp_path):
+    """TRL's OpenEnv path end to end: stock ``GRPOTrainer`` with an ``environment_factory`` class wrapping a stock
+    OpenEnv client (as TRL ``docs/source/openenv.md`` writes them), playing Sokoban on ``llmgym serve``."""
+    pytest.importorskip("trl")
+    import torch
+    from openenv.core import GenericEnvClient
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tests._tiny import tiny_trl_kwargs
+    from tests.test_integrations_trl import _tool_tokenizer_and_model
+
+    url = server.url
+
+    class SokobanOpenEnv:
+        def __init__(self):
+            self.client = GenericEnvClient(base_url=url).sync()
+            self.reward = 0.0
+
+        def reset(self, **row) -> str:
+            self.reward = 0.0
+            return self.client.reset(seed=int(row["seed"]), env_id=SOKOBAN).observation["text"]
+
+        def up(self) -> str:
+            """Move the player up one cell.
+
+            Returns:
+                The new board.
+            """
+            result = self.client.step({"text": "<think>up</think><answer>Up</answer>"})
+            self.reward += result.reward
+            return result.observation["text"]
+
+    def reward_func(environments, **kwargs):
+        return [env.reward for env in environments]
+
+    tok, model = _tool_tokenizer_and_model()
+    scripted = tok.encode(
+        '<tool_call>\n{"name": "up", "arguments": {}}\n</tool_call><|im_end|>', add_special_tokens=False
+    )
+    real_generate = model.generate
+
+    def generate(
+        *args, **kwargs
+    ):  # half the rows call the tool in their first generation (see test_integrations_trl)
+        out = real_generate(*args, **kwargs)
+        ids = kwargs["input_ids"]
+        if not generate.in_tool_loop:
+            new = torch.full((out.size(0), len(scripted)), tok.pad_token_id)
+            for b in range(0, out.size(0), 2):
+                new[b] = torch.tensor(scripted)
+            generate.in_tool_loop = True
+            return torch.cat([ids, new], dim=1)
+        generate.in_tool_loop = False
+        return out
+
+    generate.in_tool_loop = False
+    model.generate = generate
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Push the box."}]] * 8, "seed": [4] * 8})
+    args = GRPOConfig(
+        **tiny_trl_kwargs(
+            tmp_path,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=256,
+            max_steps=2,
+            logging_steps=1,
+            max_tool_calling_iterations=2,
+            learning_rate=1e-2,
+        )
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        reward_funcs=reward_func,
+        environment_factory=SokobanOpenEnv,
+    )
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in model.named_parameters())
+    logs = [rec for rec in trainer.state.log_history if "rewards/reward_func/mean" in rec]
+    local = gym.make(SOKOBAN)
+    local.reset(seed=4)
+    up = local.step("<think>up</think><answer>Up</answer>")[1]
+    assert logs and logs[0]["rewards/reward_func/mean"] == pytest.approx(up / 2, abs=1e-6)
+    assert logs[0]["tools/call_frequency"] > 0
