@@ -573,7 +573,10 @@ def _check_env(config: Any) -> None:
     from llm_gym.registration import make_env
 
     for url in getattr(config, "env_url", None) or [None]:  # every server of --env_url serves it too
-        make_env(config.env, config.make_env_kwargs(), env_url=url).close()
+        try:
+            make_env(config.env, config.make_env_kwargs(), env_url=url).close()
+        except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
+            raise ValueError(str(e)) from None
 
 
 def _os_error(e: OSError) -> str:

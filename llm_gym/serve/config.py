@@ -20,7 +20,6 @@ from llm_gym.serve.protocol import (
 )
 
 # ------------------------------------------------------------------------------------------------ config
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 def is_loopback(host: str) -> bool:

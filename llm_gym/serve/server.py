@@ -214,9 +214,8 @@ class LLMGymEnvironment(Environment):
         ids = ", ".join(self._runtime.config.env_ids)
         return EnvironmentMetadata(
             name="llm-gym",
-            description=f"llm-gym text environments for LLM agents: {ids}",
+            description=f"llm-gym text environments for LLM agents (llmgym serve; docs/serving.md): {ids}",
             version=str(PROTOCOL_VERSION),
-            documentation_url="https://github.com/llm-gym/llm-gym/blob/main/docs/serving.md",
         )
 
     def close(self) -> None:
