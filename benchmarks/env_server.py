@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -170,7 +169,7 @@ def main() -> int:
         rss_before = rss_kib(server.proc.pid)
         t0 = time.perf_counter()
         churn_errors, rss_steps = 0, []
-        for k in range(4):  # RSS after each quarter: a leak grows with every quarter, warm-up growth does not
+        for _ in range(4):  # RSS after each quarter: a leak grows with every quarter, warm-up growth does not
             churn_errors += asyncio.run(churn(ws_url, args.churn // 4, args.churn_concurrency, texts))
             rss_steps.append(rss_kib(server.proc.pid))
         churn_s = time.perf_counter() - t0
