@@ -31,7 +31,6 @@ import gymnasium as gym
 
 from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
 from llm_gym.serve.protocol import (
-    DERIVED_ATTRIBUTES,
     DYNAMIC_ATTRIBUTES,
     PROTOCOL_VERSION,
     STATIC_ATTRIBUTES,
@@ -351,7 +350,7 @@ class RemoteEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------------------- mirrored attributes
     def __getattr__(self, name: str) -> Any:
         # Only called for names not found normally: the env attributes the server sent.
-        if name.startswith("_") or name not in (*STATIC_ATTRIBUTES, *DYNAMIC_ATTRIBUTES, *DERIVED_ATTRIBUTES):
+        if name.startswith("_") or name not in (*STATIC_ATTRIBUTES, *DYNAMIC_ATTRIBUTES):
             raise AttributeError(name)
         attrs = self.__dict__.get("_attrs", {})
         if name not in attrs:
@@ -378,9 +377,9 @@ class RemoteEnv(gym.Env[str, str]):
         data = (self._attrs.get("methods") or {}).get("ragen_prompt")
         if not isinstance(data, dict):
             return None
-        from llm_gym.core import env as core_env
+        from llm_gym.core.env import RagenPrompt
 
-        return core_env.RagenPrompt(**data)
+        return RagenPrompt(**data)
 
     def __repr__(self) -> str:
         return f"<RemoteEnv {self.env_id} at {self.url}>"

@@ -61,11 +61,9 @@ STATIC_ATTRIBUTES = (
     "turn_limit_terminates",
 )
 DYNAMIC_ATTRIBUTES = ("turn", "actions_left", "turns_left", "reset_seed")
-#: Zero-argument methods whose result travels as data (a dataclass as its fields), for the client to answer.
+#: Zero-argument methods whose result travels as data (a dataclass as its fields), for the client to answer
+#: (``ragen_prompt``: RAGEN's own text for ``ChatFormat(style="ragen")``).
 STATIC_METHODS = ("example_response", "ragen_prompt")
-#: Attributes the server derives: ``family``, the env's package under ``llm_gym.envs`` (what chat formatting's
-#: RAGEN style keys its text on).
-DERIVED_ATTRIBUTES = ("family",)
 
 
 class RequestError(ValueError):
@@ -285,9 +283,6 @@ def static_surface(env: gym.Env) -> dict[str, Any]:
     spec = getattr(base, "reward_spec", None)
     if spec is not None and hasattr(spec, "components"):
         out["reward_spec"] = [[c.name, float(c.value), str(c.description)] for c in spec.components]
-    module = type(base).__module__
-    if module.startswith("llm_gym.envs."):
-        out["family"] = module.split(".")[2]
     methods: dict[str, Any] = {}
     for name in STATIC_METHODS:
         method = getattr(base, name, None)
