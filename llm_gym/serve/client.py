@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from llm_gym.core.checks import is_number
 from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
 from llm_gym.serve.protocol import (
     DYNAMIC_ATTRIBUTES,
@@ -130,7 +131,7 @@ class RemoteEnv(gym.Env[str, str]):
         self.env_kwargs = dict(env_kwargs or {})
         self._token = token or url_token or os.environ.get("LLMGYM_SERVE_TOKEN") or None
         for name, v in (("connect_timeout_s", connect_timeout_s), ("request_timeout_s", request_timeout_s)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+            if not is_number(v) or not 0 < v <= 86400:
                 raise ValueError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
         self.connect_timeout_s = float(connect_timeout_s)
         self.request_timeout_s = float(request_timeout_s)
@@ -303,7 +304,7 @@ class RemoteEnv(gym.Env[str, str]):
             and isinstance(attrs, dict)
             and isinstance(terminated, bool)
             and isinstance(truncated, bool)
-            and (reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)))
+            and (reward is None or is_number(reward))
         ):
             self._drop()
             raise RemoteEnvError(f"{self.url}: the reply's observation does not have the llm-gym fields")

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.serve.protocol import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_ACTION_CHARS,
@@ -54,13 +55,13 @@ class ServeConfig:
         self.env_ids = tuple(check_trusted_env_id(e, "--env") for e in self.env_ids)
         for name in ("max_sessions", "max_action_chars", "max_body_bytes"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v, numpy=False) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+        if not is_int(self.port, numpy=False) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
         for name in ("idle_timeout_s", "request_timeout_s"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+            if not is_number(v) or not 0 < v <= 86400:
                 raise ValueError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
         if self.token is not None and len(self.token) < 16:
             raise ValueError(

@@ -17,6 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from llm_gym.core.checks import is_int
 from llm_gym.core.spaces import AnyText
 from llm_gym.registration import check_seed, check_trusted_env_id
 
@@ -251,7 +252,7 @@ def space_from_json(data: Any) -> gym.Space:
         raise ValueError(f"not a text space description: {str(data)[:80]!r}")
     max_length, min_length = data.get("max_length"), data.get("min_length", 0)
     for name, v in (("max_length", max_length), ("min_length", min_length)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 24:
+        if not is_int(v, numpy=False) or not 0 <= v <= 1 << 24:
             raise ValueError(f"space {name} must be an integer in [0, 2**24], got {v!r}")
     if data["type"] == "AnyText":
         return AnyText(max_length, min_length=min_length)
