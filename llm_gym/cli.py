@@ -224,6 +224,19 @@ def _cmd_check_template(args: argparse.Namespace) -> int:
     return EXIT_OK if check.ok else EXIT_RUNTIME
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from llm_gym.serve.config import ServeUsageError
+
+    try:
+        from llm_gym.serve.server import cmd_serve  # needs the serve extra
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    try:
+        return cmd_serve(args)
+    except ServeUsageError as e:
+        raise UsageError(str(e)) from None
+
+
 def _report_problems(problems, path: str) -> int:
     for p in problems[:20]:
         print(f"row {p.index} (seed {p.seed}): {p.reason}", file=sys.stderr)
@@ -323,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from llm_gym.serve.config import add_parser as add_serve_parser
 
-    add_serve_parser(sub)
+    add_serve_parser(sub, _cmd_serve)
     return snake_case_options(parser)
 
 

@@ -106,8 +106,13 @@ def token_matches(authorization: str | None, token: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------- CLI
-def add_parser(sub: Any) -> None:
-    """The ``llmgym serve`` sub-command (``sub``: the ``add_subparsers`` object of ``llmgym``)."""
+class ServeUsageError(ValueError):
+    """The ``llmgym serve`` command line cannot work as given (``llmgym`` exits 2)."""
+
+
+def add_parser(sub: Any, func: Any) -> None:
+    """The ``llmgym serve`` sub-command (``sub``: the ``add_subparsers`` object of ``llmgym``; ``func``: what
+    runs it)."""
     p = sub.add_parser(
         "serve",
         help="serve environments over HTTP/WebSocket (OpenEnv protocol)",
@@ -146,7 +151,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--max_action_chars", type=int, default=DEFAULT_MAX_ACTION_CHARS, help="longest action (characters)"
     )
-    p.set_defaults(func=_cmd_serve)
+    p.set_defaults(func=func)
 
 
 def _read_token(path: str | None) -> str | None:
@@ -179,13 +184,3 @@ def config_from_args(args: Any) -> ServeConfig:
         request_timeout_s=args.request_timeout,
         max_action_chars=args.max_action_chars,
     )
-
-
-def _cmd_serve(args: Any) -> int:
-    try:
-        from llm_gym.serve.server import cmd_serve
-    except ImportError as e:
-        from llm_gym.cli import UsageError
-
-        raise UsageError(str(e)) from None
-    return cmd_serve(args)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gym.serve.config import ServeConfig, config_from_args, token_matches
+from llm_gym.serve.config import ServeConfig, ServeUsageError, config_from_args, token_matches
 from llm_gym.serve.protocol import (
     PROTOCOL_VERSION,
     RequestError,
@@ -490,17 +490,16 @@ def serve(config: ServeConfig, *, sock: socket.socket | None = None, announce: b
 
 
 def cmd_serve(args: Any) -> int:
-    """``llmgym serve``: check the options, bind, serve until interrupted."""
-    from llm_gym.cli import UsageError
-
+    """``llmgym serve``: check the options, bind, serve until interrupted (:class:`ServeUsageError` for a
+    command line that cannot work)."""
     try:
         config = config_from_args(args)
     except (ValueError, json.JSONDecodeError) as e:
-        raise UsageError(str(e)) from None
+        raise ServeUsageError(str(e)) from None
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as e:
-        raise UsageError(f"cannot listen on {config.host}:{config.port}: {e}") from None
+        raise ServeUsageError(f"cannot listen on {config.host}:{config.port}: {e}") from None
     try:
         serve(config, sock=sock)
     except KeyboardInterrupt:
