@@ -10,13 +10,21 @@
 - :class:`OutputLock`: an exclusive ``flock`` on ``<folder>/.llmgym.lock`` for a run's lifetime, so two runs
   cannot write one output folder. The kernel drops the lock when the process dies, however it dies, so a
   stale lock file from a killed run never blocks the next one.
+
+Files we create or append to in an output folder never follow a symbolic link: an output folder may have been
+made (or unpacked) by someone else, and a planted ``.llmgym.lock`` or ``episodes.jsonl`` link would otherwise
+make us truncate or append to any file the user can write. Appends and the lock open their file with
+``O_NOFOLLOW`` and refuse anything but a regular file with one link (:func:`open_regular`); whole files and
+folders are replaced by a rename, which replaces a link itself, never its target.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +35,64 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".llmgym.lock"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class UnsafeOutputError(OSError):
+    """An output file that is a symbolic link, not a regular file, or has other hard links: writing it could
+    change a file elsewhere, so it is refused."""
+
+
+def _refuse(path: Path, why: str) -> UnsafeOutputError:
+    return UnsafeOutputError(
+        errno.EPERM,
+        f"refusing to write through {why} (move it away; llm-gym never follows links here)",
+        str(path),
+    )
+
+
+def check_regular(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists as a regular file; raises :class:`UnsafeOutputError` when something else is there
+    (a symbolic link, even a dangling one, a folder, a FIFO or device, a file with other hard links), without
+    following a link."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "a symbolic link")
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "something that is not a regular file")
+    if st.st_nlink > 1:
+        raise _refuse(path, f"a file with {st.st_nlink} hard links")
+    return True
+
+
+def open_regular(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` for a file we write in an output folder: never follows a symbolic link in the last path
+    component (``O_NOFOLLOW``), never blocks on a FIFO, and refuses anything but a regular file with a single
+    link (:class:`UnsafeOutputError`). Returns the descriptor."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP or (_NOFOLLOW == 0 and os.path.islink(path)):
+            raise _refuse(path, "a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "something that is not a regular file")
+        if st.st_nlink > 1:
+            raise _refuse(path, f"a file with {st.st_nlink} hard links")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _temp_name(path: Path) -> Path:
@@ -52,9 +118,12 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _named(e: OSError, path: Path) -> OSError:
-    """``e`` naming ``path`` when it names no file (a failed ``write`` says only "No space left on device")."""
-    if e.filename is not None or e.errno is None:
+def _named(e: OSError, path: Path, tmp: Path | None = None) -> OSError:
+    """``e`` naming ``path`` when it names no file (a failed ``write`` says only "No space left on device") or
+    names our temporary file ``tmp`` (the user never chose that name)."""
+    if e.errno is None or (
+        e.filename is not None and (tmp is None or os.fspath(e.filename) != os.fspath(tmp))
+    ):
         return e
     try:
         return type(e)(e.errno, e.strerror, str(path))
@@ -63,7 +132,7 @@ def _named(e: OSError, path: Path) -> OSError:
 
 
 @contextlib.contextmanager
-def _undo_on_error(path: Path, undo: Callable[[], object]) -> Iterator[None]:
+def _undo_on_error(path: Path, undo: Callable[[], object], tmp: Path | None = None) -> Iterator[None]:
     """Run ``undo`` (its own ``OSError`` ignored) if the block raises, then re-raise; an ``OSError`` is re-raised
     naming ``path`` (see :func:`_named`), anything else (``KeyboardInterrupt`` included) as it is."""
     try:
@@ -71,7 +140,7 @@ def _undo_on_error(path: Path, undo: Callable[[], object]) -> Iterator[None]:
     except OSError as e:
         with contextlib.suppress(OSError):
             undo()
-        raise _named(e, path) from None
+        raise _named(e, path, tmp) from None
     except BaseException:
         with contextlib.suppress(OSError):
             undo()
@@ -88,7 +157,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(path)
-    with _undo_on_error(path, lambda: os.unlink(tmp)):
+    with _undo_on_error(path, lambda: os.unlink(tmp), tmp):
         yield tmp
         fsync_file(tmp)
         os.replace(tmp, path)
@@ -106,13 +175,46 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(path)
-    with _undo_on_error(path, lambda: shutil.rmtree(tmp, ignore_errors=True)):
+    with _undo_on_error(path, lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
         yield tmp
-        old = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, path)
+
+
+def remove_path(path: str | os.PathLike) -> None:
+    """Remove ``path``: a folder with its contents, a file, or a symbolic link itself (never what it points to)."""
+    import shutil
+
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path)
+
+
+def replace_dir(src: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Put the complete folder ``src`` in place of ``path`` (same file system) by renames: whatever was at
+    ``path`` (a folder, a file, a symbolic link: the link itself) is moved aside first and removed after the
+    swap. A crash between the two renames leaves a hidden ``.NAME.old-*`` next to ``path``, never a partial
+    ``path``."""
+    src, path = Path(src), Path(path)
+    for p in src.rglob("*"):  # durable before the rename makes the folder visible as complete
+        if p.is_symlink():
+            continue
+        if p.is_file():
+            fsync_file(p)
+        elif p.is_dir():
+            fsync_dir(p)
+    fsync_dir(src)
+    old = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    moved = False
+    if path.is_symlink() or path.exists():
+        os.replace(path, old)
+        moved = True
+    os.replace(src, path)
+    if moved:
+        with contextlib.suppress(OSError):
+            remove_path(old)
     fsync_dir(path.parent)
 
 
@@ -139,6 +241,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, encoding: str = "ut
         f.write(text)
 
 
+def _append_file(path: Path) -> IO[bytes]:
+    return os.fdopen(open_regular(path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "ab+")
+
+
 def append_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -> None:
     """Append ``text`` to ``path`` (created with its parent folders if missing). If the write fails (a full
     disk), the file is cut back to its previous size before the error is raised: an error never leaves a
@@ -147,14 +253,21 @@ def append_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode(encoding)
-    with open(path, "ab+") as f:
+    created = not check_regular(path)
+    with _append_file(path) as f:
         start = f.seek(0, os.SEEK_END)
         if start > 0 and data and not data.startswith(b"\n"):
             f.seek(start - 1)
             if f.read(1) != b"\n":
                 data = b"\n" + data
             f.seek(0, os.SEEK_END)
-        with _undo_on_error(path, lambda: f.truncate(start)):
+
+        def undo() -> None:
+            f.truncate(start)
+            if created and start == 0:  # a file this call created holds nothing: leave none behind
+                os.unlink(path)
+
+        with _undo_on_error(path, undo):
             f.write(data)
             f.flush()
 
@@ -182,7 +295,8 @@ class OutputLock:
         if self._fd is not None or fcntl is None:
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        # never through a link: a planted .llmgym.lock -> ~/file would be truncated below
+        fd = open_regular(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

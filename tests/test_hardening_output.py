@@ -130,7 +130,8 @@ def test_a_failed_append_leaves_no_torn_record(tmp_path, monkeypatch):
     path = tmp_path / "episodes.jsonl"
     write_records(path, [_record(0), _record(1)])
     before = path.read_bytes()
-    monkeypatch.setattr(safe_io, "open", lambda p, mode: _HalfWriter(open(p, mode)), raising=False)
+    real = safe_io._append_file
+    monkeypatch.setattr(safe_io, "_append_file", lambda p: _HalfWriter(real(p)))
     with pytest.raises(OSError, match="No space"):
         write_records(path, [_record(2)])
     assert path.read_bytes() == before  # cut back: no torn line
@@ -472,6 +473,74 @@ def test_resume_from_an_older_checkpoint_never_overwrites_a_newer_complete_one(t
     assert not (run / "checkpoint-2").exists()  # the torn one is removed: the resumed run writes it again
 
 
+def test_resume_at_max_steps_trains_no_step_and_swaps_final_in_whole(trained, tiny_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    reference = _groups(run)
+    # Killed while saving final/ (after checkpoint-2 = max_steps): a half-written save beside it, no final/.
+    shutil.rmtree(run / "final")
+    (run / ".final.partial").mkdir()
+    (run / ".final.partial" / "model.safetensors").write_bytes(b"cut")
+    assert train_cli.main([*_train_args(tiny_dir, run), "--max_steps", "2", "--resume"]) == 0
+    assert "no step left to train" in capsys.readouterr().out
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]  # no step 3
+    assert _groups(run) == reference  # no train round at step 2, the final evaluation once
+    assert not (run / ".final.partial").exists() and (run / "final" / "llmgym_run.json").is_file()
+    final, ckpt = (
+        load_file(run / "final" / "model.safetensors"),
+        load_file(run / "checkpoint-2" / "model.safetensors"),
+    )
+    assert final.keys() == ckpt.keys() and all(
+        torch_equal(final[k], ckpt[k]) for k in final
+    )  # the trained model
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_final_is_replaced_only_when_the_save_completed(tmp_path):
+    from types import SimpleNamespace
+
+    from llm_gym.trainer.output import save_final
+
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "model.safetensors").write_bytes(b"old")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+
+    def save_model(folder, fail=False):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"new")
+        if fail:
+            _enospc()
+
+    acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    config = SimpleNamespace(output_dir=str(out), env="llmgym/Bandit-v0", make_env_kwargs=dict)
+    for name in ("chat_style", "system_prompt", "reward_feedback", "one_shot_example"):
+        setattr(config, name, None)
+    failing = SimpleNamespace(accelerator=acc, save_model=lambda f: save_model(f, fail=True))
+    with pytest.raises(OSError, match="No space"):
+        save_final(failing, config)
+    assert (out / "final" / "model.safetensors").read_bytes() == b"old"  # the previous final/ is untouched
+    ok = SimpleNamespace(accelerator=acc, save_model=save_model)
+    assert save_final(ok, config) == out / "final"  # the leftover .final.partial is cleared first
+    assert (out / "final" / "model.safetensors").read_bytes() == b"new" and (
+        out / "final" / "llmgym_run.json"
+    ).is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["final"]
+    # a planted final -> elsewhere link is replaced itself; what it points to is never written
+    shutil.rmtree(out / "final")
+    (out / "final").symlink_to(victim)
+    save_final(ok, config)
+    assert not (out / "final").is_symlink() and list(victim.iterdir()) == []
+
+
 def test_a_second_run_on_a_locked_output_folder_fails_naming_the_pid(
     tiny_dir, tmp_path, capsys, no_model_load
 ):
@@ -519,7 +588,8 @@ def test_train_io_errors_are_one_line_exit_1(tiny_dir, tmp_path, capsys, monkeyp
 
 def test_full_disk_while_training_is_exit_1_without_torn_records(tiny_dir, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    monkeypatch.setattr(safe_io, "open", lambda p, mode: _HalfWriter(open(p, mode)), raising=False)
+    real = safe_io._append_file
+    monkeypatch.setattr(safe_io, "_append_file", lambda p: _HalfWriter(real(p)))
     assert train_cli.main([*_train_args(tiny_dir, run), "--max_steps", "1", "--num_eval_seeds", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     episodes = run / "episodes.jsonl"
