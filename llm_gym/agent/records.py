@@ -9,15 +9,19 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
+from llm_gym import _jsonl
 from llm_gym._jsonl import JsonlError, decode_json, iter_lines
 from llm_gym.core.checks import is_number
+from llm_gym.core.parsing import RESPONSE_MAX_LENGTH
 from llm_gym.registration import check_seed, make_env, short_repr
 
 FORMAT_VERSION = 1
@@ -254,16 +258,108 @@ def _checked_fields(d: Any) -> dict[str, Any]:
     }
 
 
-def _json_line(record: EpisodeRecord) -> str:
-    """One JSONL line. Text is written as UTF-8; a record holding a lone surrogate (``"\\ud800"``, which UTF-8
-    cannot encode: it comes from JSON escapes in a server reply or data file) is written with ``\\uXXXX``
-    escapes instead, which JSON allows and which reads back to exactly the same strings."""
-    line = json.dumps(record.to_dict(), ensure_ascii=False)
+def _dumps(d: dict[str, Any]) -> str:
+    """JSON text of ``d`` that UTF-8 can encode: text as UTF-8, or, when a string holds a lone surrogate
+    (``"\\ud800"``, which UTF-8 cannot encode: it comes from JSON escapes in a server reply or data file), the
+    whole line with ``\\uXXXX`` escapes, which JSON allows."""
+    line = json.dumps(d, ensure_ascii=False)
     try:
         line.encode("utf-8")
     except UnicodeEncodeError:
-        line = json.dumps(record.to_dict(), ensure_ascii=True)
-    return line + "\n"
+        line = json.dumps(d, ensure_ascii=True)
+    return line
+
+
+def _cut_note(length: int) -> str:
+    return f" [cut by llm-gym: the original had {length:,} characters]"
+
+
+def _cut(text: str, keep: int) -> str:
+    return text[: max(0, keep)] + _cut_note(len(text))
+
+
+def _texts(d: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """``(container, key)`` of every text a record line may cut: responses, observations, the instructions and
+    the string values of each turn's info."""
+    out: list[tuple[Any, Any]] = [(d, "initial_observation"), (d, "instructions")]
+    for t in d.get("turns", []):
+        out += [(t, "response"), (t, "observation")]
+        info = t.get("info")
+        if isinstance(info, dict):
+            out += [(info, k) for k, v in info.items() if isinstance(v, str)]
+    return [(c, k) for c, k in out if isinstance(c.get(k), str)]
+
+
+def _record_line(d: dict[str, Any]) -> str:
+    """One JSONL line for the record dict ``d`` that the readers accept: at most ``llm_gym._jsonl.MAX_LINE_BYTES``
+    bytes with its newline (the one shared bound; a writer never produces what its own reader refuses).
+
+    1. A reply longer than :data:`~llm_gym.core.parsing.RESPONSE_MAX_LENGTH` characters, which every env refuses
+       by its length alone, is always stored as its first ``RESPONSE_MAX_LENGTH + 1`` characters and a note
+       (``[cut by llm-gym: the original had N characters]``): the replay is unchanged.
+    2. If the line is still too long, the longest texts (replies, observations, instructions, info strings) are
+       cut to a common length, each ending in the same note. Such a record no longer replays exactly.
+
+    Either way ``meta["cut"]`` counts the texts cut. Raises ``ValueError`` when even that cannot make the line
+    fit (a record whose other fields alone exceed the bound)."""
+    originals: dict[tuple[int, Any], tuple[str, int]] = {}  # (container, key) -> (original text, chars kept)
+
+    def cut_to(c: Any, k: Any, keep: int) -> None:
+        original, _ = originals.get((id(c), k), (c[k], len(c[k])))
+        keep = max(0, min(keep, len(original)))
+        originals[(id(c), k)] = (original, keep)
+        c[k] = _cut(original, keep)
+
+    for t in d.get("turns", []):
+        r = t.get("response")
+        if isinstance(r, str) and len(r) > RESPONSE_MAX_LENGTH:
+            cut_to(t, "response", RESPONSE_MAX_LENGTH + 1)
+    budget = _jsonl.MAX_LINE_BYTES - 1  # the newline
+    if originals:
+        d.setdefault("meta", {})["cut"] = len(originals)
+    line = _dumps(d)
+    size = len(line.encode("utf-8"))
+    for _ in range(8):
+        if size <= budget:
+            return line + "\n"
+        texts = _texts(d)
+        ascii_only = line.isascii()
+        sizes = [len(json.dumps(c[k], ensure_ascii=ascii_only).encode("utf-8")) for c, k in texts]
+        # Water-filling on encoded sizes: the largest texts shrink to a common size `level` (note included).
+        level = _water_level(sizes, size - budget + 64 * len(texts) + 64)
+        for (c, k), n in zip(texts, sizes):
+            if n > level:
+                kept = originals.get((id(c), k), (c[k], len(c[k])))[1]
+                cut_to(c, k, int(kept * max(0, level - 64) / n))
+        d.setdefault("meta", {})["cut"] = len(originals)
+        line = _dumps(d)
+        size = len(line.encode("utf-8"))
+    raise ValueError(
+        f"an episode record would be {size:,} bytes on its line even with its texts cut, more than the "
+        f"{_jsonl.MAX_LINE_BYTES:,} bytes records readers accept"
+    )
+
+
+def _water_level(sizes: list[int], need: int) -> int:
+    """The largest ``level`` such that cutting every size above it down to it frees at least ``need``."""
+    ordered = sorted(sizes, reverse=True)
+    freed, level = 0, 0
+    for i, n in enumerate(ordered):
+        nxt = ordered[i + 1] if i + 1 < len(ordered) else 0
+        # lowering the top i + 1 texts from n to nxt frees (i + 1) * (n - nxt)
+        if freed + (i + 1) * (n - nxt) >= need:
+            return max(0, n - (need - freed + i) // (i + 1))
+        freed += (i + 1) * (n - nxt)
+        level = nxt
+    return level
+
+
+def _json_line(record: EpisodeRecord) -> str:
+    """One JSONL line of ``record`` (see :func:`_record_line` for the size bound). Text is written as UTF-8, or
+    with ``\\uXXXX`` escapes when it holds a lone surrogate; either reads back to the same strings, except that a
+    high surrogate directly followed by a low one (two code points in Python) reads back as the one character
+    the pair encodes: JSON has no way to tell them apart."""
+    return _record_line(record.to_dict())
 
 
 def write_records(path: str | Path, records: Iterable[EpisodeRecord], *, append: bool = True) -> int:
@@ -307,10 +403,14 @@ def _is_torn(raw: bytes) -> bool:
 def repair_torn_tail(path: str | Path) -> int:
     """Before appending to ``path``: cut a torn last line off (returns the bytes removed), or end a complete
     last line that lacks its newline (returns 0), so the next record starts on a line of its own."""
+    import os
+
+    from llm_gym.safe_io import check_regular, open_regular
+
     path = Path(path)
-    if not path.is_file():
+    if not check_regular(path):  # never through a link: the file it points to is not ours to cut
         return 0
-    with path.open("rb+") as f:
+    with os.fdopen(open_regular(path, os.O_RDWR), "rb+") as f:
         size = f.seek(0, 2)
         if size == 0:
             return 0
@@ -338,6 +438,44 @@ def repair_torn_tail(path: str | Path) -> int:
         return 0
 
 
+def _scan(
+    path: str | Path, on_torn: Callable[[str], None] | None, stacklevel: int = 3
+) -> Iterator[tuple[int, EpisodeRecord]]:
+    """``(byte offset of the line, record)`` for each record of ``path`` (see :func:`iter_records`)."""
+    with Path(path).open("rb") as f:
+        lines = iter_lines(f, path=str(path))
+        while True:
+            offset = f.tell()
+            try:
+                lineno, raw = next(lines)
+            except StopIteration:
+                return
+            except JsonlError as e:  # a line over the length cap: refused before it is read whole
+                raise RecordError(e.reason, f"at line {e.lineno}", str(path)) from None
+            if not raw.strip():
+                continue
+            try:
+                record = _decode_record(raw)
+            except RecordError as e:
+                if _is_torn(raw):  # only the last line can lack its newline
+                    message = _torn_message(path, lineno, len(raw))
+                    if on_torn is not None:
+                        on_torn(message)
+                    else:
+                        warnings.warn(message, TornRecordWarning, stacklevel=stacklevel)
+                    return
+                raise RecordError(e.reason, f"at line {lineno}", str(path)) from None
+            yield offset, record
+
+
+def _decode_record(raw: bytes) -> EpisodeRecord:
+    try:
+        data = decode_json(raw)
+    except ValueError as e:
+        raise RecordError(str(e)) from None
+    return EpisodeRecord.from_dict(data)
+
+
 def iter_records(
     path: str | Path, *, on_torn: Callable[[str], None] | None = None
 ) -> Iterator[EpisodeRecord]:
@@ -348,38 +486,14 @@ def iter_records(
     order mark at the start of the file is skipped. A torn last line (no newline and not complete JSON: the
     writer was killed mid-line) is skipped and reported: ``on_torn(message)``, or a :class:`TornRecordWarning`.
     """
-    with Path(path).open("rb") as f:
-        lines = iter_lines(f, path=str(path))
-        while True:
-            try:
-                lineno, raw = next(lines)
-            except StopIteration:
-                return
-            except JsonlError as e:  # a line over the length cap: refused before it is read whole
-                raise RecordError(e.reason, f"at line {e.lineno}", str(path)) from None
-            if not raw.strip():
-                continue
-            try:
-                try:
-                    data = decode_json(raw)
-                except ValueError as e:
-                    raise RecordError(str(e)) from None
-                record = EpisodeRecord.from_dict(data)
-            except RecordError as e:
-                if _is_torn(raw):  # only the last line can lack its newline
-                    message = _torn_message(path, lineno, len(raw))
-                    if on_torn is not None:
-                        on_torn(message)
-                    else:
-                        warnings.warn(message, TornRecordWarning, stacklevel=2)
-                    return
-                raise RecordError(e.reason, f"at line {lineno}", str(path)) from None
-            yield record
+    for _, record in _scan(path, on_torn, stacklevel=4):
+        yield record
 
 
 def read_records(path: str | Path, *, on_torn: Callable[[str], None] | None = None) -> list[EpisodeRecord]:
     """All records in a JSONL file; a malformed line raises ``ValueError`` naming the line (a torn last line
-    is skipped and reported, see :func:`iter_records`)."""
+    is skipped and reported, see :func:`iter_records`). Holds every record: :class:`RecordFile` reads one at a
+    time."""
     return list(iter_records(path, on_torn=on_torn))
 
 
@@ -409,3 +523,52 @@ def record_episode(
     finally:
         env.close()
     return record
+
+
+class RecordFile(Sequence[EpisodeRecord]):
+    """The records of a JSONL file as a sequence read on demand (``llmgym view`` / ``render``).
+
+    Opening checks every line exactly as :func:`iter_records` does (same errors, same torn-last-line handling)
+    but keeps only each record's byte offset (8 bytes per record); indexing reads that one line again, and the
+    last ``cache`` records read stay in memory. A 2 GB file of 25 MB records costs one record at a time, not
+    2 GB. The file must not change while it is open (a changed line reads as a bad record)."""
+
+    def __init__(self, path: str | Path, *, on_torn: Callable[[str], None] | None = None, cache: int = 4):
+        self.path = Path(path)
+        self._offsets = array("q", (offset for offset, _ in _scan(self.path, on_torn)))
+        self._cache: OrderedDict[int, EpisodeRecord] = OrderedDict()
+        self._cache_size = max(1, int(cache))
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> EpisodeRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[EpisodeRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> EpisodeRecord | list[EpisodeRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"record {index} out of range: the file has {n}")
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i]
+        offset = self._offsets[i]
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            raw = f.readline(_jsonl.MAX_LINE_BYTES + 1)
+        if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            record = _decode_record(raw)
+        except RecordError as e:
+            raise RecordError(e.reason, f"at byte {offset} (the file changed?)", str(self.path)) from None
+        self._cache[i] = record
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return record

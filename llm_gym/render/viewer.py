@@ -162,7 +162,8 @@ class ViewerState:
             raise ValueError(f"fps must be positive, got {fps}")
         if not 0 <= episode < len(records):
             raise ValueError(f"episode index must be in [0, {len(records) - 1}], got {episode}")
-        self.records = list(records)
+        # a Sequence is kept as is: a RecordFile reads each episode when it is shown
+        self.records = records if isinstance(records, Sequence) else list(records)
         self.fps = float(fps)
         self.episode = episode
         self.turn = 0
