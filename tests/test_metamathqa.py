@@ -198,6 +198,7 @@ def test_local_files_are_read_with_bounds(tmp_path, monkeypatch):
 
     # Every data file is read through the one bounded JSONL reader (or a bounded read for .json).
     monkeypatch.setattr(task_data, "MAX_FILE_BYTES", 10_000)
+    monkeypatch.setattr(task_data, "MAX_JSON_FILE_BYTES", 10_000)
     monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 5_000)
     row = json.dumps(ROWS[0])
     (tmp_path / "big.jsonl").write_text("\n".join([row] * (20_000 // len(row))))

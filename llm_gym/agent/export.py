@@ -32,8 +32,10 @@ from llm_gym.registration import check_seed, check_trusted_env_id, make_env, res
 __all__ = [
     "ExportResult",
     "RowProblem",
+    "RowProblems",
     "export_dataset",
     "export_episodes",
+    "iter_export",
     "read_jsonl",
     "verify_rows",
     "write_jsonl",
@@ -71,8 +73,9 @@ def _kwargs_text(env_kwargs: Mapping[str, Any]) -> str:
         raise ValueError(f"env_kwargs must be JSON-serialisable to be stored in each row: {e}") from None
 
 
-def _seeds(seeds: Iterable[int]) -> list[int]:
-    return [check_seed(s, "each seed", allow_none=False) for s in seeds]  # the rule records and rows follow
+def _seeds(seeds: Iterable[int]) -> Iterator[int]:
+    # checked one by one as they are played: a range of 10^8 seeds is never a list
+    return (check_seed(s, "each seed", allow_none=False) for s in seeds)  # the rule records and rows follow
 
 
 def export_episodes(
@@ -83,6 +86,25 @@ def export_episodes(
     chat: ChatFormat | None = None,
 ) -> ExportResult:
     """Play every seed with the env's expert; keep the episodes that end in success as chat rows."""
+    result = ExportResult()
+    for seed, row, why in iter_export(env_id, seeds, env_kwargs=env_kwargs, chat=chat):
+        if row is None:
+            result.skipped[seed] = why
+        else:
+            result.rows.append(row)
+    return result
+
+
+def iter_export(
+    env_id: str,
+    seeds: Iterable[int],
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    chat: ChatFormat | None = None,
+) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """:func:`export_episodes` one seed at a time: ``(seed, row, "")`` for a solved episode, ``(seed, None, why)``
+    for a skipped one. Memory does not grow with the number of seeds (``llmgym export`` writes rows as they
+    come)."""
     import llm_gym
 
     env_id = resolve_env_id(env_id)
@@ -90,7 +112,6 @@ def export_episodes(
     kwargs_text = _kwargs_text(env_kwargs)
     chat = chat or ChatFormat()
     env = make_env(env_id, env_kwargs)
-    result = ExportResult()
     try:
         expert_name = _expert_for(env)
         base = env.unwrapped
@@ -114,9 +135,10 @@ def export_episodes(
                 if not done:
                     conv.add_observation(obs, reward=float(reward), info=info)
             if not done or not info.get("success", False):
-                result.skipped[seed] = why or "the episode did not end in success"
+                yield seed, None, why or "the episode did not end in success"
                 continue
-            result.rows.append(
+            yield (
+                seed,
                 {
                     "messages": conv.messages(),
                     "env_id": env_id,
@@ -126,11 +148,11 @@ def export_episodes(
                     "expert": expert_name,
                     "episode_return": total,
                     "num_turns": len(conv.replies),
-                }
+                },
+                "",
             )
     finally:
         env.close()
-    return result
 
 
 def export_dataset(env_id: str, seeds: Iterable[int], **kwargs: Any):
@@ -177,6 +199,13 @@ class RowProblem:
     index: int
     seed: Any
     reason: str
+
+
+class RowProblems(list):
+    """The rows that failed (a list of :class:`RowProblem`, the first ``keep`` of them when :func:`verify_rows`
+    was given ``keep``) and ``failed``, how many failed in all."""
+
+    failed: int = 0
 
 
 def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any], chat: ChatFormat) -> str | None:
@@ -241,22 +270,30 @@ def verify_rows(
     *,
     env_kwargs: Mapping[str, Any] | None = None,
     chat: ChatFormat | None = None,
-) -> list[RowProblem]:
+    keep: int | None = None,
+) -> RowProblems:
     """Replay each row's assistant messages through a fresh env made with ``env_kwargs`` and the row's seed,
     re-render the conversation with ``chat`` (the :class:`ChatFormat` the rows were exported with; default
     ``ChatFormat()``, as ``llmgym export``) and compare every message exactly; return the rows that differ, whose
-    episode does not end in success, or that are malformed. Empty list: all good."""
-    problems = []
+    episode does not end in success, or that are malformed. Empty list: all good.
+
+    ``keep``: hold only the first ``keep`` problems (``.failed`` still counts all), so a file of millions of bad
+    rows costs constant memory (``llmgym export --check`` keeps the 20 it prints)."""
+    problems = RowProblems()
     kwargs = dict(env_kwargs or {})
     chat = chat or ChatFormat()
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            problems.append(RowProblem(i, None, "a row must be a mapping"))
-            continue
-        try:
-            reason = _replay(row, kwargs, chat)
-        except ValueError as e:  # e.g. env_kwargs the env rejects
-            reason = str(e)
-        if reason is not None:
-            problems.append(RowProblem(i, row.get("seed"), reason))
+            problem = RowProblem(i, None, "a row must be a mapping")
+        else:
+            try:
+                reason = _replay(row, kwargs, chat)
+            except ValueError as e:  # e.g. env_kwargs the env rejects
+                reason = str(e)
+            if reason is None:
+                continue
+            problem = RowProblem(i, row.get("seed"), reason)
+        problems.failed += 1
+        if keep is None or len(problems) < keep:
+            problems.append(problem)
     return problems

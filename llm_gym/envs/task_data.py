@@ -6,7 +6,14 @@ gymnasium and numpy). Loaded sources are cached per process, so many env instanc
 
 Local files are untrusted input: a UTF-8 byte order mark is skipped, invalid UTF-8 and invalid or too deeply
 nested JSON raise ``ValueError`` naming the file and line, and lone surrogates (``"\\ud800"`` escapes) in strings
-are replaced by U+FFFD.
+are replaced by U+FFFD. Memory is bounded: at most :data:`MAX_ROWS` records, of which only the fields an env
+reads are kept (a row of many small fields costs the same as one of two), ``.jsonl`` read line by line,
+``.json`` (parsed whole) at most :data:`MAX_JSON_FILE_BYTES`, ``.parquet`` checked by its row count and
+uncompressed size before it is read.
+
+A hub dataset that fails to load (offline and not cached: ``datasets`` waits about 24 s before it gives up) is
+remembered as failed for the rest of the process, so a thousand records or rows naming it cost one wait, not a
+thousand (:func:`clear_cache` forgets it).
 """
 
 from __future__ import annotations
@@ -25,8 +32,15 @@ from llm_gym.core.checks import is_int
 
 #: File suffixes read as local files.
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+#: Most records read from a local file (MetaMathQA has 395k, Countdown-Tasks-3to4 490k). Each costs about 500
+#: bytes of Python objects besides its text (measured: 1,000,000 two-field rows, 68 MB of JSONL, 511 MB RSS).
+MAX_ROWS = 1_000_000
+#: Largest ``.json`` file (bytes): it is parsed whole, at up to ~10x its size in Python objects; use ``.jsonl``
+#: (read line by line, up to ``MAX_FILE_BYTES``) for larger data.
+MAX_JSON_FILE_BYTES = 64 * 1024**2
 
-_CACHE: dict[tuple[str, str], Any] = {}
+_CACHE: dict[tuple[str, str, frozenset[str] | None], Any] = {}
+_FAILED: dict[tuple[str, str, frozenset[str] | None], str] = {}
 _LOCK = threading.Lock()
 
 
@@ -43,7 +57,18 @@ def is_local_source(source: str | os.PathLike) -> bool:
     return text.lower().endswith(LOCAL_SUFFIXES) or os.path.isfile(text)
 
 
-def _read_local(path: Path) -> list[dict[str, Any]]:
+def _project(row: Any, keep: frozenset[str] | None) -> Any:
+    """Only the fields an env reads (a row is a dict; anything else is left for the field check to refuse)."""
+    if keep is None or not isinstance(row, dict):
+        return row
+    return {k: v for k, v in row.items() if k in keep}
+
+
+def _too_many(path: Path) -> ValueError:
+    return ValueError(f"{path}: more than {MAX_ROWS:,} records (llm_gym.envs.task_data.MAX_ROWS)")
+
+
+def _read_local(path: Path, keep: frozenset[str] | None = None) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ValueError(f"dataset file not found: {str(path)!r}")
     suffix = path.suffix.lower()
@@ -54,19 +79,38 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
             raise ValueError("reading .parquet files needs pyarrow: pip install pyarrow") from e
         if path.stat().st_size > MAX_FILE_BYTES:
             raise ValueError(f"{path}: file larger than {MAX_FILE_BYTES:,} bytes")
-        return [_sanitize(row) for row in pq.read_table(path).to_pylist()]
+        try:
+            meta = pq.ParquetFile(path).metadata
+            # compressed columns can hold far more than the file's size: check what reading would unpack
+            unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        except Exception as e:  # noqa: BLE001 - pyarrow raises its own types for a corrupt file
+            raise ValueError(
+                f"{path}: not a readable Parquet file ({type(e).__name__}: {str(e)[:200]})"
+            ) from None
+        if meta.num_rows > MAX_ROWS:
+            raise _too_many(path)
+        if unpacked > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: more than {MAX_FILE_BYTES:,} bytes of data once uncompressed")
+        names = meta.schema.to_arrow_schema().names
+        columns = None if keep is None else [c for c in names if c in keep]
+        return [_sanitize(row) for row in pq.read_table(path, columns=columns).to_pylist()]
     if suffix == ".jsonl":
         # The one bounded JSONL reader: each line and the whole file are capped before they are read.
         rows = []
         with path.open("rb") as f:
             for lineno, raw in iter_lines(f, path=str(path), max_total_bytes=MAX_FILE_BYTES):
                 if raw.strip():
-                    rows.append(_loads(raw, f"{path}:{lineno}"))
+                    if len(rows) >= MAX_ROWS:
+                        raise _too_many(path)
+                    rows.append(_project(_loads(raw, f"{path}:{lineno}"), keep))
         return rows
     with path.open("rb") as f:
-        raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a huge file must not fill memory
-    if len(raw) > MAX_FILE_BYTES:
-        raise ValueError(f"{path}: file larger than {MAX_FILE_BYTES:,} bytes")
+        raw = f.read(MAX_JSON_FILE_BYTES + 1)  # bounded: a huge file must not fill memory
+    if len(raw) > MAX_JSON_FILE_BYTES:
+        raise ValueError(
+            f"{path}: file larger than {MAX_JSON_FILE_BYTES:,} bytes (a .json file is parsed whole; "
+            "write larger data as .jsonl, one record per line)"
+        )
     try:
         text = raw.decode("utf-8-sig")  # a UTF-8 byte order mark (Windows editors write one) is skipped
     except UnicodeDecodeError as e:
@@ -77,7 +121,9 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
         data = data["data"]
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of objects (or {{'data': [...]}})")
-    return data
+    if len(data) > MAX_ROWS:
+        raise _too_many(path)
+    return [_project(row, keep) for row in data]
 
 
 def _loads(text: str | bytes, where: str) -> Any:
@@ -122,20 +168,39 @@ def _load_hub(name: str, split: str, hint: str) -> Any:
 
 
 def load_records(
-    source: str | os.PathLike, *, split: str = "train", fields: Sequence[str], hint: str = ""
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    fields: Sequence[str],
+    optional: Sequence[str] = (),
+    hint: str = "",
 ) -> Sequence[dict[str, Any]]:
     """The records of ``source`` (a local file or a hub id), cached per process.
 
-    Each record must have every name in ``fields``; the result supports ``len()`` and integer indexing.
-    Raises ``ValueError`` for a bad file and :class:`DatasetUnavailableError` when a hub dataset cannot be
-    loaded; ``hint`` is appended to the latter (how to get by offline).
+    Each record must have every name in ``fields``; of a local file's records only ``fields`` and ``optional``
+    are kept. The result supports ``len()`` and integer indexing. Raises ``ValueError`` for a bad file and
+    :class:`DatasetUnavailableError` when a hub dataset cannot be loaded (also for every later call in this
+    process: the failure is remembered); ``hint`` is appended to the latter (how to get by offline).
     """
     local = is_local_source(source)
-    key = (str(Path(source).resolve()) if local else os.fspath(source), split)
+    keep = frozenset([*fields, *optional])
+    # a local file is kept projected on the fields asked for: other fields, another cache entry
+    key = (str(Path(source).resolve()), split, keep) if local else (os.fspath(source), split, None)
     with _LOCK:
         data = _CACHE.get(key)
         if data is None:
-            data = _read_local(Path(source)) if local else _load_hub(os.fspath(source), split, hint)
+            if key in _FAILED:
+                raise DatasetUnavailableError(
+                    f"{_FAILED[key]} (remembered from an earlier attempt in this process)"
+                )
+            if local:
+                data = _read_local(Path(source), keep)
+            else:
+                try:
+                    data = _load_hub(os.fspath(source), split, hint)
+                except DatasetUnavailableError as e:
+                    _FAILED[key] = str(e)
+                    raise
             _check_fields(data, fields, os.fspath(source))
             _CACHE[key] = data
     return data
@@ -171,3 +236,4 @@ def clear_cache() -> None:
     """Forget every loaded source (tests, or to reload a file that changed)."""
     with _LOCK:
         _CACHE.clear()
+        _FAILED.clear()

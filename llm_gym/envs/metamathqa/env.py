@@ -131,7 +131,11 @@ class MetaMathQAEnv(TextEnv):
                 raise ValueError(f"{name} is fixed for MetaMathQA; use max_attempts to allow retries")
         self.dataset = dataset
         self.data = load_records(
-            resolve_source(dataset), split=split, fields=("query", "response"), hint=OFFLINE_HINT
+            resolve_source(dataset),
+            split=split,
+            fields=("query", "response"),
+            optional=("type",),
+            hint=OFFLINE_HINT,
         )
         if max_turns is None:
             max_turns = max(5, self.max_attempts)
