@@ -66,10 +66,11 @@ def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 def _load(path: str):
-    from llm_gym.agent.records import read_records
+    from llm_gym.agent.records import RecordFile
 
-    # a torn last line (its writer was killed) is skipped with a warning, not a reason to refuse the file
-    records = read_records(path, on_torn=lambda message: print(f"warning: {message}", file=sys.stderr))
+    # a torn last line (its writer was killed) is skipped with a warning, not a reason to refuse the file;
+    # records are read when shown (a 2 GB file costs one record at a time)
+    records = RecordFile(path, on_torn=lambda message: print(f"warning: {message}", file=sys.stderr))
     if not records:
         raise ValueError(f"{path} holds no episode records")
     return records
@@ -103,9 +104,13 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    from llm_gym.render.export import export_episode
+    from pathlib import Path
+
+    from llm_gym.render.export import VIDEO_SUFFIXES, export_episode
     from llm_gym.safe_io import atomic_path
 
+    if Path(args.out).suffix.lower() not in VIDEO_SUFFIXES:  # said of the user's path, not our temporary one
+        raise UsageError(f"--out must end in {' or '.join(VIDEO_SUFFIXES)}, got {args.out!r}")
     records = _load(args.file)
     index = _episode_index(args.episode, len(records))
     with atomic_path(args.out) as tmp:  # a failed render (full disk) leaves no partial GIF/MP4
@@ -146,6 +151,13 @@ def _cmd_play(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     kwargs = _json_object(args.env_kwargs, "--env_kwargs") if args.env_kwargs else {}
+    if args.seed is not None:
+        from llm_gym.registration import check_seed
+
+        try:
+            check_seed(args.seed, "--seed", allow_none=False)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     session = run_play(env_id, seed=args.seed, env_kwargs=kwargs)
     if args.record:
         played = [r for r in session.records if r.turns]
@@ -161,43 +173,129 @@ def _read_export(path: str, fmt: str) -> Iterator[dict]:
     if fmt == "hf":
         from datasets import load_from_disk
 
+        check_hf_folder(path)
         return iter(load_from_disk(path))
     return read_jsonl(path)
 
 
+def check_hf_folder(path: str) -> None:
+    """Refuse a ``datasets`` folder whose ``state.json`` names data files outside it: ``load_from_disk`` opens
+    every ``_data_files`` entry as given, so ``../../etc/passwd`` there would be read (and its first bytes shown
+    in the error). Each entry must be a plain file name of a regular file in the folder (a split folder of a
+    ``DatasetDict`` is checked the same way)."""
+    import os
+    from pathlib import Path
+
+    from llm_gym._jsonl import decode_json
+
+    folder = Path(path)
+
+    def load(p: Path) -> object:
+        if p.is_symlink() or not p.is_file():
+            raise ValueError(f"{folder} is not a datasets folder ({p.name} is missing or not a regular file)")
+        with p.open("rb") as f:
+            raw = f.read(1_000_001)
+        if len(raw) > 1_000_000:
+            raise ValueError(f"{p}: larger than 1,000,000 bytes; not a datasets folder's {p.name}")
+        try:
+            return decode_json(raw)
+        except ValueError as e:
+            raise ValueError(f"{p}: {e}") from None
+
+    def plain(name: object, where: Path) -> Path:
+        if (
+            not isinstance(name, str)
+            or not name
+            or name in (".", "..")
+            or "/" in name
+            or "\\" in name
+            or os.path.isabs(name)
+        ):
+            raise ValueError(
+                f"{where}: {str(name)[:80]!r} is not a file name inside the folder; refusing to read it"
+            )
+        return where.parent / name
+
+    if (folder / "dataset_dict.json").is_file():
+        splits = load(folder / "dataset_dict.json")
+        names = splits.get("splits") if isinstance(splits, dict) else None
+        if not isinstance(names, list):
+            raise ValueError(f"{folder / 'dataset_dict.json'}: no list of splits")
+        for name in names:
+            sub = plain(name, folder / "dataset_dict.json")
+            check_hf_folder(str(sub))
+        return
+    state = load(folder / "state.json")
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(files, list) or not files:
+        raise ValueError(f"{folder / 'state.json'}: no _data_files list")
+    for entry in files:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        target = plain(name, folder / "state.json")
+        if target.is_symlink() or not target.is_file():
+            raise ValueError(f"{folder}: data file {target.name!r} is missing or not a regular file")
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    from llm_gym.agent.export import export_episodes, verify_rows, write_jsonl
+    from llm_gym.agent.export import iter_export, verify_rows, write_jsonl
 
     kwargs = _json_object(args.env_kwargs, "--env_kwargs") if args.env_kwargs else {}
     if args.check:
         return _report_problems(
-            verify_rows(_read_export(args.check, args.format), env_kwargs=kwargs), args.check
+            verify_rows(_read_export(args.check, args.format), env_kwargs=kwargs, keep=SHOWN_PROBLEMS),
+            args.check,
         )
     if not args.env or not args.out:
         raise UsageError("export needs --env and --out (or --check FILE to verify an existing export)")
     if args.num_episodes < 1 or args.seed < 0:
         raise UsageError("--num_episodes must be positive and --seed non-negative")
+    if args.format == "hf" and args.num_episodes > MAX_HF_EPISODES:
+        raise UsageError(
+            f"--format hf holds every row in memory: at most {MAX_HF_EPISODES:,} episodes (write JSONL for more; "
+            "datasets.load_dataset('json', ...) reads it)"
+        )
     try:
         env_id = resolve_env_id(args.env)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    result = export_episodes(env_id, range(args.seed, args.seed + args.num_episodes), env_kwargs=kwargs)
+    skipped: list[tuple[int, str]] = []
+    n_skipped = 0
+
+    def rows() -> Iterator[dict]:
+        nonlocal n_skipped
+        seeds = range(args.seed, args.seed + args.num_episodes)
+        for seed, row, why in iter_export(env_id, seeds, env_kwargs=kwargs):
+            if row is not None:
+                yield row
+                continue
+            n_skipped += 1
+            if len(skipped) < 10:
+                skipped.append((seed, why))
+
     if args.format == "hf":
         from datasets import Dataset
 
         from llm_gym.safe_io import atomic_dir
 
         with atomic_dir(args.out) as tmp:  # a failed save leaves no partial data set folder
-            Dataset.from_list(result.rows).save_to_disk(str(tmp))
-        n = len(result.rows)
+            data = list(rows())
+            Dataset.from_list(data).save_to_disk(str(tmp))
+        n = len(data)
     else:
-        n = write_jsonl(result.rows, args.out)
-    print(f"wrote {n} expert episode(s) of {env_id} to {args.out}; skipped {len(result.skipped)} seed(s)")
-    for seed, why in list(result.skipped.items())[:10]:
+        n = write_jsonl(rows(), args.out)  # rows are written as they are played
+    print(f"wrote {n} expert episode(s) of {env_id} to {args.out}; skipped {n_skipped} seed(s)")
+    for seed, why in skipped:
         print(f"  skipped seed {seed}: {why}")
     if args.verify:
-        return _report_problems(verify_rows(_read_export(args.out, args.format), env_kwargs=kwargs), args.out)
+        problems = verify_rows(_read_export(args.out, args.format), env_kwargs=kwargs, keep=SHOWN_PROBLEMS)
+        return _report_problems(problems, args.out)
     return EXIT_OK
+
+
+#: Failing rows ``llmgym export --check`` prints (and keeps: the others are only counted).
+SHOWN_PROBLEMS = 20
+#: Most episodes ``llmgym export --format hf`` takes (``Dataset.from_list`` needs every row in memory).
+MAX_HF_EPISODES = 1_000_000
 
 
 def _cmd_check_template(args: argparse.Namespace) -> int:
@@ -238,10 +336,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _report_problems(problems, path: str) -> int:
-    for p in problems[:20]:
-        print(f"row {p.index} (seed {p.seed}): {p.reason}", file=sys.stderr)
-    if problems:
-        print(f"{path}: {len(problems)} row(s) failed the replay check", file=sys.stderr)
+    from llm_gym.registration import short_repr
+
+    for p in problems[:SHOWN_PROBLEMS]:
+        # a row's seed and reason are untrusted: a 20 MB seed string is shown shortened
+        print(f"row {p.index} (seed {short_repr(p.seed)}): {p.reason[:1000]}", file=sys.stderr)
+    failed = getattr(problems, "failed", len(problems))
+    if failed:
+        print(f"{path}: {failed} row(s) failed the replay check", file=sys.stderr)
         return EXIT_RUNTIME
     print(f"{path}: every row replays to a solved episode")
     return EXIT_OK
@@ -350,6 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except (ValueError, OSError) as e:
         print(f"llmgym {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except MemoryError:
+        print(f"llmgym {args.command}: error: out of memory", file=sys.stderr)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
