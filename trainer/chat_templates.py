@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_gym.trainer.rollouts import ChatTemplateError, ChatTemplateTokens
+from llm_gym.trainer.rollouts import ChatTemplateTokens
+
+from llm_gym.agent.templates import (
+    TEMPLATE_DEADLINE_S,
+    ChatTemplateError,
+    TemplateDeadline,
+    TemplateRenderError,
+    deadline,
+    render_chat_template,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +45,12 @@ def trl_training_template(tokenizer: Any) -> str | None:
     try:
         from trl.chat_template_utils import get_training_chat_template
 
-        variant = get_training_chat_template(tokenizer)
+        with deadline(TEMPLATE_DEADLINE_S):  # TRL renders the (untrusted) template to check it
+            variant = get_training_chat_template(tokenizer)
     except ImportError:  # pragma: no cover - TRL is a dependency of the trainer
+        return None
+    except TemplateDeadline:
+        logger.debug("no TRL training variant: the template did not finish rendering")
         return None
     except Exception as e:  # noqa: BLE001 - TRL raises ValueError for unknown templates; a template may fail to render
         logger.debug("no TRL training variant: %s", e)
@@ -104,6 +117,9 @@ class TemplateCheck:
     variant: str | None = None
     #: Why the variant cannot be used either (None: it can, or there is none).
     variant_error: str | None = None
+    #: The template could not be rendered at all (it raised, looped, or rendered far too much); then ``error``
+    #: holds the same text.
+    render_error: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -148,6 +164,12 @@ class TemplateCheck:
         out.extend(self.notes)
         if not self.has_template:
             verdict = "NOT USABLE: no chat template (use an instruct model or pass --chat_template FILE)"
+        elif self.render_error is not None and not self.uses_variant:
+            verdict = (
+                f"NOT USABLE: {self.render_error.replace('the chat template ', 'the template ', 1)} (rendering "
+                "llm-gym's chat: a system message with the task, then user and assistant turns); pass "
+                "--chat_template FILE with a template that renders it"
+            )
         elif self.error is None:
             verdict = "OK: token-exact multi-turn training works with the model's own template"
         elif self.uses_variant:
@@ -179,9 +201,13 @@ def check_template(tokenizer: Any) -> TemplateCheck:
         check.prefix_preserving = True
     except ChatTemplateError as e:
         check.error = str(e)
+        if isinstance(e, TemplateRenderError):
+            check.render_error = str(e)
         check.prefix_preserving = False if "prefix-preserving" in check.error else None
-        if check.end_of_turn is None:
+        if check.end_of_turn is None and check.render_error is None:
             _probe_details(check, tokenizer)
+        if isinstance(e, TemplateRenderError) and e.timed_out:
+            return check  # TRL would render the same template again (its variants are for known templates)
     variant = trl_training_template(tokenizer)
     if variant is not None:
         check.variant = variant_name(variant)
@@ -196,11 +222,11 @@ def check_template(tokenizer: Any) -> TemplateCheck:
 def _probe_details(check: TemplateCheck, tokenizer: Any) -> None:
     """Best-effort end-of-turn token and generation-prompt check for a template that failed the full check."""
     try:
-        prompt = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(
-            [*_PROBE, {"role": "assistant", "content": "A"}], tokenize=False, add_generation_prompt=False
+        prompt = render_chat_template(tokenizer, _PROBE, add_generation_prompt=True)
+        full = render_chat_template(
+            tokenizer, [*_PROBE, {"role": "assistant", "content": "A"}], add_generation_prompt=False
         )
-    except Exception:  # noqa: BLE001 - a broken template: the error already says why
+    except ChatTemplateError:  # a broken template: the error already says why
         return
     check.generation_prompt_prefix = full.startswith(prompt)
     tail = full[full.rfind("A") + 1 :]

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -103,26 +104,122 @@ def resolve_model(name_or_path: str) -> str:
     )
 
 
+#: Largest chat template (bytes of a template file, characters of a loaded template): real ones are a few KB to
+#: a few tens of KB.
+MAX_TEMPLATE_BYTES = 2**20
+#: Largest tokenizer file (``tokenizer.json`` of Gemma 3, among the largest, is 33 MB; a 108 MB one took 27.6 s
+#: and 2.3 GB to load).
+MAX_TOKENIZER_FILE_BYTES = 64 * 2**20
+#: Largest JSON config file (``config.json``, ``tokenizer_config.json``, ...).
+MAX_CONFIG_FILE_BYTES = 16 * 2**20
+#: Files of a model folder read before any weights, with their size bounds (untrusted input: a model folder can
+#: come from anyone). ``additional_chat_templates/*.jinja`` are bounded like ``chat_template.jinja``.
+MODEL_FILE_LIMITS: dict[str, int] = {
+    "chat_template.jinja": MAX_TEMPLATE_BYTES,
+    "chat_template.json": MAX_TEMPLATE_BYTES,
+    "tokenizer.json": MAX_TOKENIZER_FILE_BYTES,
+    "tokenizer.model": MAX_TOKENIZER_FILE_BYTES,
+    "spiece.model": MAX_TOKENIZER_FILE_BYTES,
+    "vocab.json": MAX_TOKENIZER_FILE_BYTES,
+    "vocab.txt": MAX_TOKENIZER_FILE_BYTES,
+    "merges.txt": MAX_TOKENIZER_FILE_BYTES,
+    "tokenizer_config.json": MAX_CONFIG_FILE_BYTES,
+    "special_tokens_map.json": MAX_CONFIG_FILE_BYTES,
+    "added_tokens.json": MAX_CONFIG_FILE_BYTES,
+    "config.json": MAX_CONFIG_FILE_BYTES,
+    "generation_config.json": MAX_CONFIG_FILE_BYTES,
+}
+
+
+def _bounded_file(path: Path, limit: int, what: str) -> None:
+    """``ModelError`` unless ``path`` (followed if a link: hub snapshots link to blobs) is a regular file of at
+    most ``limit`` bytes."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ModelError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"{what} {path} is not a regular file")
+    if st.st_size > limit:
+        raise ModelError(f"{what} {path} is {st.st_size:,} bytes, more than the {limit:,}-byte limit")
+
+
+def check_model_files(folder: str | os.PathLike) -> None:
+    """Check the size bounds of :data:`MODEL_FILE_LIMITS` on the files of a model folder (or a cached hub
+    snapshot) before transformers reads them; ``ModelError`` for the first file over its bound or not a regular
+    file."""
+    folder = Path(folder)
+    for name, limit in MODEL_FILE_LIMITS.items():
+        if (folder / name).exists() or (folder / name).is_symlink():
+            _bounded_file(folder / name, limit, "model file")
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        templates = sorted(extra.glob("*.jinja"))
+        if len(templates) > 64:
+            raise ModelError(f"{extra} holds {len(templates)} templates; at most 64 are read")
+        for p in templates:
+            _bounded_file(p, MAX_TEMPLATE_BYTES, "chat template")
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot folder of a hub id, when its config is cached (its files are checked like a folder's;
+    files fetched during a later load are not)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # noqa: BLE001 - an id the hub library refuses: transformers reports it on load
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _model_folder(resolved: str) -> Path | None:
+    folder = Path(resolved)
+    return folder if folder.is_dir() else _cached_snapshot(resolved)
+
+
 def _has_chat_template(folder: Path) -> bool:
     if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
         return True
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
         try:
-            return bool(json.loads(cfg.read_text(encoding="utf-8")).get("chat_template"))
-        except (OSError, json.JSONDecodeError):
+            _bounded_file(cfg, MAX_CONFIG_FILE_BYTES, "tokenizer config")
+            data = json.loads(cfg.read_text(encoding="utf-8"))
+            return isinstance(data, dict) and bool(data.get("chat_template"))
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError):  # ModelError is a ValueError
             return False
     return False
 
 
 def _read_chat_template(path: str) -> str:
+    """A ``--chat_template`` file: a regular file of at most :data:`MAX_TEMPLATE_BYTES`, UTF-8 text."""
+    p = Path(path)
+    _bounded_file(p, MAX_TEMPLATE_BYTES, "chat template file")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_TEMPLATE_BYTES + 1)  # bounded even if the file grew since the check
+        text = raw.decode("utf-8")
     except OSError as e:
         raise ModelError(f"cannot read chat template file {path!r}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(f"chat template file {path!r} is not UTF-8 text (byte {e.start})") from None
+    if len(raw) > MAX_TEMPLATE_BYTES:
+        raise ModelError(f"chat template file {path!r} is larger than {MAX_TEMPLATE_BYTES:,} bytes")
     if not text.strip():
         raise ModelError(f"chat template file {path!r} is empty")
     return text
+
+
+def _template_size(template: Any) -> int:
+    if isinstance(template, dict):
+        return sum(len(v) for v in template.values() if isinstance(v, str))
+    return len(template) if isinstance(template, str) else 0
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or "(no message)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 #: A folder holding this file is a PEFT (LoRA) adapter saved by ``save_pretrained``, not a full model.
@@ -162,6 +259,7 @@ def check_model(name_or_path: str, chat_template: str | None = None) -> str:
     folder = Path(resolved)
     base = adapter_base(folder) if folder.is_dir() else None
     if base is not None:  # a LoRA adapter: its base must be usable; the template may come from either
+        check_model_files(folder)
         if Path(base).resolve() == folder.resolve():
             raise ModelError(f"adapter {resolved} names itself as its base model")
         # The tokenizer (and its template) saved with the adapter wins over the base model's.
@@ -186,6 +284,9 @@ def _check_resolved(resolved: str, template_given: bool, *, tokenizer_given: boo
     """``check_model`` after resolution; ``template_given``: a template comes from elsewhere (a file, an adapter);
     ``tokenizer_given``: so does the tokenizer (an adapter folder holding one)."""
     folder = Path(resolved)
+    snapshot = _model_folder(resolved)
+    if snapshot is not None:
+        check_model_files(snapshot)
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ModelError(f"model folder {resolved} has no config.json; is it a transformers checkpoint?")
@@ -223,9 +324,20 @@ def load_tokenizer(name_or_path: str, *, chat_template: str | None = None) -> An
     base = adapter_base(resolved) if Path(resolved).is_dir() else None
     if base is not None and not _has_tokenizer_files(Path(resolved)):
         source = resolve_model(base)
-    tok = AutoTokenizer.from_pretrained(source)
-    if chat_template:
-        tok.chat_template = _read_chat_template(chat_template)
+    template = _read_chat_template(chat_template) if chat_template else None
+    folder = _model_folder(source)
+    if folder is not None:
+        check_model_files(folder)  # bounded before transformers reads them
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tokenizer folder is untrusted input: one line, whatever it holds
+        raise ModelError(f"cannot load the tokenizer of {source}: {type(e).__name__}: {_short(e)}") from e
+    if template is not None:
+        tok.chat_template = template
+    if _template_size(getattr(tok, "chat_template", None)) > MAX_TEMPLATE_BYTES:
+        raise ModelError(f"the chat template of {source} is longer than {MAX_TEMPLATE_BYTES:,} characters")
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -261,11 +373,17 @@ def load_model_and_tokenizer(
     if device_map is not None:
         kwargs["device_map"] = device_map
     base = adapter_base(resolved) if Path(resolved).is_dir() else None
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
-    if base is not None:
-        from peft import PeftModel
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
+        if base is not None:
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, resolved, is_trainable=adapter_trainable)
+            model = PeftModel.from_pretrained(model, resolved, is_trainable=adapter_trainable)
+    except (OSError, ModelError):
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, ImportError, RecursionError, MemoryError) as e:
+        # a malformed config or weights file in an untrusted folder: one line (the cause stays chained)
+        raise ModelError(f"cannot load the model {resolved}: {type(e).__name__}: {_short(e)}") from e
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok

@@ -28,6 +28,7 @@ from typing import Any
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.agent.rollout import MAX_TURNS_GUARD
+from llm_gym.agent.templates import ChatTemplateError, render_chat_template
 from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env, pick_env_url
 
@@ -36,10 +37,6 @@ GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[
 
 _SEED_RE = re.compile(r'^\s*\{\s*"llmgym_seed"\s*:\s*(\d+)\s*\}\s*$')
 _SENTINEL = "XQZ_LLMGYM_SENTINEL_QZX"
-
-
-class ChatTemplateError(ValueError):
-    """The tokenizer's chat template cannot be used for token-level multi-turn rollouts."""
 
 
 # ------------------------------------------------------------------------------------------- seeds in prompts
@@ -76,9 +73,8 @@ def _end_of_turn(tokenizer: Any, chat_template: str | None = None) -> tuple[int,
         {"role": "user", "content": "U"},
         {"role": "assistant", "content": _SENTINEL},
     ]
-    full = tokenizer.apply_chat_template(
-        probe, tokenize=False, add_generation_prompt=False, chat_template=chat_template
-    )
+    # untrusted code: sandboxed, with a deadline; any failure is a ChatTemplateError
+    full = render_chat_template(tokenizer, probe, add_generation_prompt=False, chat_template=chat_template)
     at = full.rfind(_SENTINEL)
     if at < 0:
         raise ChatTemplateError(
@@ -135,9 +131,9 @@ class ChatTemplateTokens:
         self.between_turns_ids([*probe, {"role": "assistant", "content": _SENTINEL}], "U2")
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        return render_chat_template(
+            self.tokenizer,
             messages,
-            tokenize=False,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
         )
@@ -491,8 +487,11 @@ class EnvRolloutFunc:
                     gen_cfg.temperature, gen_cfg.do_sample = args.eval_temperature, True
                 else:
                     gen_cfg.do_sample = False
+            from llm_gym.trainer.deprecations import trl_checkpointing_calls
+
             ctx = getattr(trainer, "_dist", None)
             with (
+                trl_checkpointing_calls(),  # TRL toggles checkpointing through transformers' deprecated names
                 unwrap_model_for_generation(
                     trainer.model_wrapped,
                     trainer.accelerator,

@@ -304,5 +304,7 @@ def generation_prompt(tokenizer: Any, messages: list[dict[str, str]], generation
     ``tokenizer`` is any object with Hugging Face's ``apply_chat_template``. The model's output continues the
     prefix, so the reply is ``generation_prefix + generated`` (what :func:`llm_gym.agent.rollout` stores).
     """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return text + generation_prefix
+    from llm_gym.agent.templates import render_chat_template
+
+    # the template is untrusted code: a deadline, and any failure as a ChatTemplateError (a ValueError)
+    return render_chat_template(tokenizer, messages, add_generation_prompt=True) + generation_prefix

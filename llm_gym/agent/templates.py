@@ -1,0 +1,213 @@
+"""Rendering a model's chat template, which is untrusted input like a data file.
+
+A chat template is Jinja code shipped in a model folder (``chat_template.jinja``, ``tokenizer_config.json``) or
+passed with ``--chat_template``. Transformers renders it in Jinja's ``ImmutableSandboxedEnvironment``: no
+attribute of Python internals (``''.__class__`` raises ``SecurityError``), no file or module access, ``range``
+capped at 100,000 items. What the sandbox does not bound is time: two nested ``range(100000)`` loops run for
+hours. Every render of llm-gym therefore goes through :func:`render_chat_template`, which adds
+
+- a **deadline** (:data:`TEMPLATE_DEADLINE_S` seconds): a watchdog thread raises an exception inside the
+  rendering thread when it passes (``PyThreadState_SetAsyncExc``: delivered between two Python bytecodes, so
+  a compiled template's loops are interrupted; one long C-level operation such as ``'x' * 10**9`` finishes
+  first). One watchdog thread serves every render; arming it costs a lock and a dict entry, not a thread;
+- a **size bound** on the text a template renders (:func:`max_rendered_chars`);
+- **one error type**: whatever the template raises (its own ``raise_exception('System role not supported')``,
+  ``UndefinedError``, ``SecurityError``, ``ZeroDivisionError``, ``RecursionError``, ``MemoryError``, ...)
+  becomes a :class:`ChatTemplateError` (a ``ValueError``) saying what the template did, which the commands print
+  as one line (``llmgym check-template`` as its verdict).
+
+Files are bounded where they are read (``llm_gym.trainer.models``: template files at most 1 MiB, tokenizer
+files at most 64 MiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+#: Longest a single render may take (seconds). A normal render takes well under a millisecond (a 40-turn
+#: conversation: about 1 ms); the deadline only stops a template that loops.
+TEMPLATE_DEADLINE_S = 10.0
+
+
+_POLL_S = 1.0
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot be used (it raised, looped or rendered nonsense); the message says
+    why. (Also raised by token-level multi-turn rollouts for templates that rewrite history.)"""
+
+
+class TemplateRenderError(ChatTemplateError):
+    """The template failed to render at all: it raised, did not finish within the deadline (``timed_out``), or
+    rendered far more text than its messages (as opposed to rendering text that token-level training cannot
+    use)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class TemplateDeadline(BaseException):
+    """Raised inside the rendering thread when the deadline passes. A ``BaseException``, so that no ``except
+    Exception`` in the template engine swallows it."""
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> bool:
+    try:
+        import ctypes
+
+        n = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+        )
+    except (ImportError, AttributeError):  # pragma: no cover - not CPython: no deadline
+        return False
+    return n == 1
+
+
+class _Watchdog:
+    """One daemon thread that raises :class:`TemplateDeadline` in threads whose deadline passed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, int]] = {}  # token -> (monotonic deadline, thread id)
+        self._fired: set[int] = set()
+        self._tokens = 0
+        self._owner: int | None = None  # the pid whose thread runs (a forked child starts its own)
+        self._wake_at = 0.0  # when the thread wakes next: an earlier deadline must wake it
+
+    def _ensure_thread(self) -> None:
+        if self._owner != os.getpid():
+            self._owner = os.getpid()
+            threading.Thread(target=self._run, name="llm-gym template deadline", daemon=True).start()
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's thread is gone and its lock may have been held; start afresh."""
+        self._cond = threading.Condition()
+        self._due.clear()
+        self._fired.clear()
+        self._owner = None
+        self._wake_at = 0.0
+
+    def arm(self, seconds: float) -> int:
+        with self._cond:
+            self._ensure_thread()
+            self._tokens += 1
+            due = time.monotonic() + seconds
+            self._due[self._tokens] = (due, threading.get_ident())
+            if due < self._wake_at:  # rare (short deadlines): waking the thread on every render costs ~20%
+                self._cond.notify()
+            return self._tokens
+
+    def disarm(self, token: int) -> None:
+        with self._cond:
+            self._due.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                # fired but perhaps not delivered yet: never let it land after the render is over
+                _set_async_exc(threading.get_ident(), None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for token, (deadline, thread_id) in list(self._due.items()):
+                    if deadline <= now:
+                        del self._due[token]
+                        self._fired.add(token)
+                        _set_async_exc(thread_id, TemplateDeadline)
+                # sleep until the earliest deadline, and at most a second, so a render armed meanwhile with a
+                # deadline of a second or more needs no wake-up call
+                self._wake_at = min((d for d, _ in self._due.values()), default=now + _POLL_S)
+                self._wake_at = min(self._wake_at, now + _POLL_S)
+                self._cond.wait(max(self._wake_at - now, 0.0))
+
+
+_WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG.after_fork)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`TemplateDeadline` in this thread if the block runs longer than ``seconds``."""
+    token = _WATCHDOG.arm(seconds)
+    try:
+        yield
+    finally:
+        _WATCHDOG.disarm(token)
+
+
+def _text_size(messages: Any) -> int:
+    total = 0
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict):
+            total += sum(len(v) for v in m.values() if isinstance(v, str))
+    return total
+
+
+def max_rendered_chars(messages: Any) -> int:
+    """The most text a template may render for ``messages``: 1,000,000 characters of markup plus ten times the
+    messages' own text (role headers and special tokens are a few dozen characters per message)."""
+    return 1_000_000 + 10 * _text_size(messages)
+
+
+def render_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    chat_template: str | None = None,
+    deadline_s: float | None = None,
+) -> str:
+    """``tokenizer.apply_chat_template(messages, tokenize=False, ...)`` with a deadline and a size bound; any
+    failure of the template is a :class:`ChatTemplateError` naming what it raised."""
+    seconds = TEMPLATE_DEADLINE_S if deadline_s is None else deadline_s
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    try:
+        token = _WATCHDOG.arm(seconds)
+        try:
+            text = tokenizer.apply_chat_template(messages, **kwargs)
+        finally:
+            _WATCHDOG.disarm(token)
+    except TemplateDeadline:
+        raise TemplateRenderError(
+            f"the chat template did not finish rendering within {seconds:g} s (a loop that does not end?)",
+            timed_out=True,
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the template is untrusted code: whatever it raises is its failure
+        raise TemplateRenderError(f"the chat template raised {type(e).__name__}: {_short(e)}") from None
+    if not isinstance(text, str):
+        raise TemplateRenderError(f"the chat template rendered a {type(text).__name__}, not text")
+    if len(text) > 1_000_000 and len(text) > (limit := max_rendered_chars(messages)):
+        raise TemplateRenderError(
+            f"the chat template rendered {len(text):,} characters for {_text_size(messages):,} characters of "
+            f"messages (at most {limit:,})"
+        )
+    return text
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # noqa: BLE001 - an exception whose str() fails
+        text = ""
+    text = text or "(no message)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = [
+    "TEMPLATE_DEADLINE_S",
+    "ChatTemplateError",
+    "TemplateDeadline",
+    "TemplateRenderError",
+    "deadline",
+    "max_rendered_chars",
+    "render_chat_template",
+]
