@@ -535,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(config, meta)
     except Exception as e:
+        from llm_gym.agent.templates import ChatTemplateError
+
+        if isinstance(e, ChatTemplateError):  # a template that fails on a later turn's chat: one line too
+            return _error(str(e), EXIT_RUNTIME)
         if not _is_io_failure(e):
             raise
         return _error(_os_error(e), EXIT_RUNTIME)
@@ -613,14 +617,21 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     before = trainer.evaluate() if do_eval else {}
     if before:
         say(f"llmgym-train: before training: {_eval_summary(before)}")
-    # main() resolved --resume to a complete checkpoint folder
-    trainer.train(resume_from_checkpoint=meta.get("resume") or None)
-    after = trainer.evaluate() if do_eval else {}
-    trainer.save_model(str(Path(config.output_dir) / "final"))
-    if is_main:  # the chat settings llmgym-eval --model OUTPUT/final reuses
-        from llm_gym.trainer.output import write_run_file
+    from llm_gym.trainer.output import (
+        checkpoint_step,
+        load_finished_checkpoint,
+        save_final,
+        training_finished,
+    )
 
-        write_run_file(Path(config.output_dir) / "final", config)
+    # main() resolved --resume to a complete checkpoint folder; one at max_steps trains no further step
+    resume = meta.get("resume") or None
+    if resume and training_finished(checkpoint_step(resume), config.max_steps):
+        load_finished_checkpoint(trainer, resume, log=say)
+    else:
+        trainer.train(resume_from_checkpoint=resume)
+    after = trainer.evaluate() if do_eval else {}
+    save_final(trainer, config)  # written beside and renamed: final/ is whole or absent
     if is_main:
         last = next((r for r in reversed(trainer.state.log_history) if "reward" in r), {})
         summary = [f"llmgym-train: done in {time.time() - t0:.0f}s"]

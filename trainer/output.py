@@ -12,6 +12,10 @@
 - ``--resume`` takes the newest complete checkpoint and says which (and why newer ones were skipped).
 - On resume, the episode records and the collapse series are cut back to the checkpoint's step: what the killed
   run wrote after the checkpoint is played again, so it would otherwise appear twice.
+- A resume from a checkpoint at ``max_steps`` (a run killed during its final evaluation or while saving
+  ``final/``) trains no further step: :func:`load_finished_checkpoint` restores the trained weights and state
+  instead of ``Trainer.train``, which would run one more step before it checks ``max_steps``.
+- ``final/`` is saved to ``.final.partial/`` and renamed into place (:func:`save_final`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import struct
 import zipfile
 from collections import Counter
@@ -27,7 +30,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llm_gym.safe_io import LOCK_FILE, atomic_path, atomic_write_text, fsync_dir, fsync_file
+from llm_gym.safe_io import (
+    LOCK_FILE,
+    atomic_path,
+    atomic_write_text,
+    check_regular,
+    fsync_dir,
+    fsync_file,
+    remove_path,
+    replace_dir,
+)
 
 #: Written into a checkpoint folder after everything else:
 #: ``{"global_step": N, "world_size": W, "files": {relpath: size}}``.
@@ -39,6 +51,9 @@ RUN_FILE = "llmgym_run.json"
 #: Multi-process runs: rank 0's ``--resume`` choice, read by the other ranks after a barrier.
 RESUME_CHOICE_FILE = ".llmgym_resume.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+#: The final model's folder, and where it is saved first (then renamed over it: ``final/`` is whole or absent).
+FINAL_DIR = "final"
+FINAL_PARTIAL = ".final.partial"
 _SAFETENSORS_HEADER_MAX = 100 * 2**20
 
 
@@ -245,13 +260,18 @@ def _filter_jsonl(path: Path, keep: Callable[[dict], bool]) -> tuple[int, bool]:
 
 
 def reconcile_after_resume(config: Any, step: int, log: Callable[[str], None] = print) -> None:
-    """Cut the run's episode records and collapse series back to checkpoint ``step`` (see :func:`_keep_record`)."""
+    """Cut the run's episode records and collapse series back to checkpoint ``step`` (see :func:`_keep_record`).
+    Resuming a finished run (``step`` at ``max_steps``) also drops the evaluation at ``step``: the final
+    evaluation runs again, so it is recorded once."""
     out = Path(config.output_dir)
     name = config.episode_records
+    finished = training_finished(step, getattr(config, "max_steps", -1))
     if name:
         path = Path(name) if os.path.isabs(name) else out / name
-        if path.is_file():
-            dropped, torn = _filter_jsonl(path, lambda r: _keep_record(r.get("meta"), step))
+        if check_regular(path):  # a link is refused: the file it points to is not this run's to rewrite
+            dropped, torn = _filter_jsonl(
+                path, lambda r: _keep_record(r.get("meta"), step - 1 if finished and _is_eval(r) else step)
+            )
             if dropped or torn:
                 log(
                     f"llmgym-train: {path.name}: dropped {dropped} record(s) written after step {step}"
@@ -260,12 +280,63 @@ def reconcile_after_resume(config: Any, step: int, log: Callable[[str], None] = 
                 )
     if config.collapse_report:
         path = out / config.collapse_report
-        if path.is_file():
+        if check_regular(path):
             dropped, torn = _filter_jsonl(
                 path, lambda r: not (isinstance(r.get("step"), int) and r["step"] > step)
             )
             if dropped or torn:
                 log(f"llmgym-train: {path.name}: dropped {dropped} row(s) logged after step {step}")
+
+
+def _is_eval(row: Any) -> bool:
+    meta = row.get("meta") if isinstance(row, dict) else None
+    return isinstance(meta, dict) and meta.get("mode") == "eval"
+
+
+def training_finished(step: int, max_steps: Any) -> bool:
+    """Whether a run resumed at ``step`` has no training step left (``max_steps`` > 0 reached)."""
+    return isinstance(max_steps, int) and max_steps > 0 and step >= max_steps
+
+
+def load_finished_checkpoint(
+    trainer: Any, checkpoint: str | os.PathLike, log: Callable[[str], None] = print
+) -> None:
+    """Resume a run whose checkpoint is at ``max_steps`` without training: the trainer gets the checkpoint's state
+    (step, log history) and its weights (and, through our trainer's loader, its signal state), so the final
+    evaluation and ``final/`` are the trained model's. ``Trainer.train`` would run one step more first: it checks
+    ``max_steps`` only after a step."""
+    from transformers import TrainerState
+
+    folder = Path(checkpoint)
+    trainer.state = TrainerState.load_from_json(str(folder / "trainer_state.json"))
+    # transformers' loader for every checkpoint layout (full, sharded, PEFT adapter); no public equivalent
+    trainer._load_from_checkpoint(str(folder))
+    log(
+        f"llmgym-train: {folder.name} is at step {trainer.state.global_step} of max_steps "
+        f"{trainer.args.max_steps}: no step left to train; running the final evaluation and saving the model"
+    )
+
+
+def save_final(trainer: Any, config: Any) -> Path:
+    """Save the trained model to ``output_dir/final`` whole or not at all: every process saves into
+    ``.final.partial/`` (FSDP and DeepSpeed gather across processes), then the main process adds the run file,
+    syncs it to disk and renames it over ``final/`` (whatever was there, a link included, is moved aside, never
+    followed). A kill leaves the previous ``final/`` (or none) and a ``.final.partial/`` that the next save or
+    ``--resume`` removes."""
+    out = Path(config.output_dir)
+    tmp = out / FINAL_PARTIAL
+    main = trainer.accelerator.is_main_process
+    if main and (tmp.exists() or tmp.is_symlink()):
+        remove_path(tmp)  # a killed save's leftovers
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(tmp))
+    trainer.accelerator.wait_for_everyone()
+    final = out / FINAL_DIR
+    if main:
+        write_run_file(tmp, config)  # the chat settings llmgym-eval --model OUTPUT/final reuses
+        replace_dir(tmp, final)
+    trainer.accelerator.wait_for_everyone()
+    return final
 
 
 # ------------------------------------------------------------------------------------------ the output folder
@@ -301,7 +372,7 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, log: Callable[[st
                 f"--resume {resume}: {other.name} is newer and complete; resuming from step {step} would "
                 f"overwrite it (move it out of {out} first)"
             )
-        shutil.rmtree(other)
+        remove_path(other)
     note = "".join(f"; skipped {name}: {problem}" for name, problem in skipped)
     log(f"llmgym-train: resuming from {folder} (step {step}){note}")
     return folder
@@ -311,11 +382,19 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, log: Callable[[st
 def training_outputs(config: Any) -> list[Path]:
     out = Path(config.output_dir)
     # README.md: the model card TRL writes at each save
-    names = ["final", "eval_report.json", "README.md", config.episode_records, config.collapse_report]
+    names = [
+        FINAL_DIR,
+        FINAL_PARTIAL,
+        "eval_report.json",
+        "README.md",
+        config.episode_records,
+        config.collapse_report,
+    ]
     if config.collapse_report:
         names.append(str(Path(config.collapse_report).with_suffix(".png")))
     paths = [out / n for n in names if n and not os.path.isabs(n)]
-    return [p for p in paths if p.exists()] + [folder for _, folder in checkpoints(out)]
+    paths += sorted(out.glob(f".{FINAL_DIR}.old-*"))  # a swap of final/ cut short by a kill
+    return [p for p in paths if p.exists() or p.is_symlink()] + [folder for _, folder in checkpoints(out)]
 
 
 def prepare_output_dir(
@@ -330,6 +409,8 @@ def prepare_output_dir(
     if resume:
         folder = resolve_resume(out, resume, log)
         reconcile_after_resume(config, checkpoint_step(folder), log)
+        if (out / FINAL_PARTIAL).exists() or (out / FINAL_PARTIAL).is_symlink():
+            remove_path(out / FINAL_PARTIAL)  # the killed run's half-saved final model
         return str(folder)
     ours = (LOCK_FILE, RESUME_CHOICE_FILE, RUN_FILE)  # bookkeeping, not training output
     entries = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
@@ -342,7 +423,7 @@ def prepare_output_dir(
     if overwrite:
         removed = training_outputs(config)
         for p in removed:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            remove_path(p)  # a link is removed itself, never what it points to
         if removed:
             log(
                 f"llmgym-train: --overwrite_output_dir removed {', '.join(p.name for p in removed)} from {out}"
