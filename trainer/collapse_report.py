@@ -12,7 +12,6 @@ shows as MI and retrieval falling towards chance while the conditional entropy s
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -66,8 +65,25 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 
 
+#: Bounds on a collapse series (untrusted like any file we read): a row is a few hundred bytes, a run logs one
+#: per step, so 1 MiB per line and 64 MiB per file (about 100,000 steps) leave room; only the plotted keys are kept.
+MAX_ROW_BYTES = 2**20
+MAX_SERIES_BYTES = 64 * 2**20
+_KEYS = frozenset({"step", *(key for _, _, keys in PANELS for key, _ in keys)})
+
+
+def _step(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def read_series(path: str | os.PathLike) -> list[dict]:
-    """Rows of a collapse JSONL (a run directory or the file itself), sorted by step."""
+    """Rows of a collapse JSONL (a run directory or the file itself), sorted by step; each row holds its
+    ``step`` and the plotted keys. A bad line (not JSON, nested too deeply, over the bounds above, or without a
+    numeric ``step``) is a ``ValueError`` naming the file and line; a torn last line is skipped with a warning."""
+    from llm_gym._jsonl import JsonlError, decode_json, iter_lines
+
     p = Path(path)
     if p.is_dir():
         p = p / DEFAULT_FILE
@@ -76,20 +92,25 @@ def read_series(path: str | os.PathLike) -> list[dict]:
             f"no collapse series at {p} (the trainer writes it when collapse_report is set)"
         )
     rows = []
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                if not line.endswith("\n"):  # the writer was killed mid-line: skip the torn last line
-                    print(f"warning: {p}:{n}: ignoring a torn last line", file=sys.stderr)
-                    break
-                raise ValueError(f"{p}:{n}: not JSON ({e})") from None
-            if not isinstance(row, dict) or "step" not in row:
-                raise ValueError(f"{p}:{n}: each line must be an object with a 'step'")
-            rows.append(row)
+    with open(p, "rb") as f:
+        try:
+            for n, raw in iter_lines(
+                f, path=str(p), max_line_bytes=MAX_ROW_BYTES, max_total_bytes=MAX_SERIES_BYTES
+            ):
+                if not raw.strip():
+                    continue
+                try:
+                    row = decode_json(raw)
+                except ValueError as e:
+                    if not raw.endswith(b"\n"):  # the writer was killed mid-line: skip the torn last line
+                        print(f"warning: {p}:{n}: ignoring a torn last line", file=sys.stderr)
+                        break
+                    raise ValueError(f"{p}:{n}: not JSON: {e}") from None
+                if not isinstance(row, dict) or _step(row.get("step")) is None:
+                    raise ValueError(f"{p}:{n}: each line must be an object with a numeric 'step'")
+                rows.append({k: v for k, v in row.items() if k in _KEYS})
+        except JsonlError as e:
+            raise ValueError(str(e)) from None
     return sorted(rows, key=lambda r: r["step"])
 
 

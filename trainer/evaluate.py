@@ -81,10 +81,21 @@ def _unit_of(rec: EpisodeRecord) -> Unit | None:
     return Unit(rec.env_id, int(rec.seed), sample)
 
 
+def _light(rec: EpisodeRecord) -> EpisodeRecord:
+    """``rec`` without its texts (replies, observations, instructions): what the summary needs (success,
+    turns, rewards, each turn's info) at a small fixed cost, so resuming over a large records file holds no
+    copy of it."""
+    import dataclasses
+
+    turns = [dataclasses.replace(t, response="", observation="") for t in rec.turns]
+    return dataclasses.replace(rec, initial_observation="", instructions="", turns=turns)
+
+
 def load_done(
     path: Path, fingerprint: dict[str, Any], env_kwargs: dict[str, Any] | None = None
 ) -> dict[Unit, EpisodeRecord]:
-    """Records already in ``path`` (for ``--resume``); refuses a file written with other settings or env kwargs."""
+    """Records already in ``path`` (for ``--resume``), without their texts (see :func:`_light`); refuses a file
+    written with other settings or env kwargs."""
     done: dict[Unit, EpisodeRecord] = {}
     if not path.exists():
         return done
@@ -101,7 +112,7 @@ def load_done(
                 f"{path} holds episodes evaluated with different settings ({', '.join(diff)}); "
                 "use another --output-dir or --overwrite"
             )
-        done[unit] = rec
+        done[unit] = _light(rec)
     return done
 
 
@@ -244,8 +255,9 @@ def evaluate(
                 )
                 for u, rec in zip(chunk, records):
                     rec.meta.update(sample=u.sample, group=u.seed, group_index=u.sample)
-                    done[u] = rec
                 write_records(output, records)
+                for u, rec in zip(chunk, records):
+                    done[u] = _light(rec)
                 played += len(records)
                 bar.update(len(records))
     finally:
@@ -444,6 +456,10 @@ def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[
     if not isinstance(env_kwargs, dict):
         raise ValueError("--env_kwargs must be a JSON object")
     env_ids = list(dict.fromkeys(resolve_env_id(e) for e in a.env))
+    from llm_gym.registration import make_env
+
+    for env_id in env_ids:  # an unknown or out-of-range kwarg fails now, not after the weights loaded
+        make_env(env_id, env_kwargs).close()
     ks = sorted(set(a.k or [1, a.samples_per_seed]))
     if any(k < 1 or k > a.samples_per_seed for k in ks):
         raise ValueError(

@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import os
+import re
 import socket
 import threading
 import urllib.parse
@@ -333,8 +334,15 @@ def _bounded_transport(
 
 
 def _redactor(secret: str | None) -> Any:
+    """Replace the key in a message, also as a server may echo it: in another letter case, percent-encoded
+    (``urllib.parse.quote``)."""
+    if not secret:
+        return lambda text: text
+    forms = {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)), re.IGNORECASE)
+
     def redact(text: str) -> str:
-        return text.replace(secret, "***") if secret else text
+        return pattern.sub("***", text)
 
     return redact
 
@@ -467,6 +475,15 @@ class OpenAIPolicy:
             return EndpointError(self._redact(f"{what}: HTTP {code}{hint} {body}".strip()))
         return EndpointError(self._redact(f"{what}: {type(e).__name__}: {str(e)[:300]}"))
 
+    def _malformed(self, what: str, e: BaseException) -> EndpointError:
+        """A reply the SDK could not parse (invalid JSON, a 5,000-digit integer, a shape it chokes on)."""
+        return EndpointError(
+            self._redact(
+                f"{what}: the reply from {self.base_url} is malformed, not an OpenAI-compatible JSON reply "
+                f"({type(e).__name__}: {str(e)[:200]})"
+            )
+        )
+
     def probe(self) -> list[str]:
         """GET ``/models`` and check that ``model`` is served; returns the served ids. Raises EndpointError."""
         where = f"{self.base_url}/models"
@@ -476,6 +493,8 @@ class OpenAIPolicy:
             listing = self._client.with_options(max_retries=retries).get("/models", cast_to=object)
         except (self._openai.OpenAIError, EndpointError, RecursionError) as e:
             raise self._error(f"endpoint {where}", e, retries + 1) from None
+        except (ValueError, TypeError, AttributeError) as e:  # the SDK parsing a malformed reply
+            raise self._malformed(f"endpoint {where}", e) from None
         data = listing.get("data") if isinstance(listing, dict) else None
         if not isinstance(data, list):
             raise EndpointError(f"{where} is not an OpenAI-compatible model list (no 'data' array)")
@@ -508,16 +527,24 @@ class OpenAIPolicy:
             )
         except (self._openai.OpenAIError, EndpointError, RecursionError) as e:
             raise self._error("chat completion failed", e, self.retries + 1) from None
+        except (ValueError, TypeError, AttributeError) as e:  # the SDK parsing a malformed reply
+            raise self._malformed("chat completion failed", e) from None
         try:
             text = reply.choices[0].message.content
-        except (AttributeError, IndexError, KeyError, TypeError):  # a loosely parsed reply of another shape
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):  # a reply of another shape
             text = 0  # reported below
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise EndpointError("unexpected chat completion response: no choices[0].message.content string")
-        usage = getattr(reply, "usage", None)
-        tokens = getattr(usage, "completion_tokens", None)
+            raise EndpointError(
+                f"chat completion failed: the reply from {self.base_url} is not an OpenAI chat completion "
+                "(no choices[0].message.content string)"
+            )
+        try:
+            usage = getattr(reply, "usage", None)
+            tokens = getattr(usage, "completion_tokens", None)
+        except (ValueError, TypeError):  # e.g. a 5,000-digit count the SDK cannot convert
+            tokens = None
         if is_int(tokens, numpy=False) and tokens >= 0:
             with self._tokens_lock:
                 self.generated_tokens += tokens

@@ -385,6 +385,10 @@ class CountdownEnv(TextEnv):
 
     def _reset_game(self, options: dict[str, Any]) -> dict[str, Any]:
         self.index = None
+        if options.get("index") is not None and self.data is None:  # silently ignoring it hid the mistake
+            raise ValueError(
+                "options['index'] picks a data-set item; this env generates puzzles (dataset=None)"
+            )
         if "nums" in options or "target" in options:
             self.nums, self.target = self._task(options.get("nums"), options.get("target"), "options")
             self.solution = self._solve()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.core import ExpertMove, RagenPrompt, RewardSpec, TextEnv
-from llm_gym.core.checks import is_int
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.envs.frozen_lake.solver import shortest_path
 
 # Gymnasium's action order: 0 Left, 1 Down, 2 Right, 3 Up.
@@ -203,10 +203,11 @@ class FrozenLakeEnv(TextEnv):
         if not is_int(size) or not 2 <= size <= MAX_SIZE:
             raise ValueError(f"size must be an integer in [2, {MAX_SIZE}], got {size!r}")
         size = int(size)
-        if not 0.0 < float(p) <= 1.0:
-            raise ValueError(f"p (frozen probability) must be in (0, 1], got {p!r}")
-        if not 0.0 <= float(success_rate) <= 1.0:
-            raise ValueError(f"success_rate must be in [0, 1], got {success_rate!r}")
+        # numbers only: float("0.5") and float(True) would quietly accept a string or a boolean
+        if not is_number(p) or not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"p (frozen probability) must be a number in (0, 1], got {p!r}")
+        if not is_number(success_rate) or not 0.0 <= float(success_rate) <= 1.0:
+            raise ValueError(f"success_rate must be a number in [0, 1], got {success_rate!r}")
         if observation_format not in ("grid", "grid_coord"):
             raise ValueError(f"observation_format must be 'grid' or 'grid_coord', got {observation_format!r}")
         if observation_style not in OBSERVATION_STYLES:

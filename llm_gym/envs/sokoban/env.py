@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -199,6 +200,8 @@ class SokobanEnv(TextEnv):
         self.vocab = _resolve_vocab(vocab)
         self.glyphs = "".join(self.vocab.values())
         self.solver_max_states = solver_max_states
+        if level_file is not None and not isinstance(level_file, (str, os.PathLike)):
+            raise ValueError(f"level_file must be a path (a string) or None, got {type(level_file).__name__}")
         self.level_file = None if level_file is None else str(level_file)
         self.levels: list[SokobanLevel] = load_levels(level_file) if level_file is not None else []
         needed = max((self._obs_bound(lv) for lv in self.levels), default=0)

@@ -286,7 +286,8 @@ def load_levels(path: str | os.PathLike) -> list[SokobanLevel]:
         with Path(path).open("rb") as f:
             st = os.fstat(f.fileno())
             # A regular file's identity; anything else (a pipe, /dev/zero) is read each time.
-            key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            # ctime too: a rewrite of the same size with its mtime put back still changes it
+            key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
             if stat.S_ISREG(st.st_mode):
                 with _level_cache_lock:
                     cached = _level_cache.get(key)
