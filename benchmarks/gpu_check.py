@@ -182,7 +182,9 @@ def build_model(config: dict, dtype, device, gradient_checkpointing: bool):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        from llm_gym.trainer.deprecations import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     model.config.use_cache = True
     return model
 

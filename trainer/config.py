@@ -790,6 +790,11 @@ def _define_config() -> type:
             needs_metric = self.load_best_model_at_end or scheduler in ("reduce_lr_on_plateau", "greedy")
             if self.metric_for_best_model is None and needs_metric:
                 self.metric_for_best_model = "env/success"  # transformers then sets greater_is_better=True
+            from llm_gym.trainer.deprecations import use_current_checkpointing_names
+
+            use_current_checkpointing_names(
+                self
+            )  # else transformers warns that TRL's default name is deprecated
             super().__post_init__()
             micro_batches = self.steps_per_generation * self.num_iterations
             if micro_batches % self.gradient_accumulation_steps:

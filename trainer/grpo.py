@@ -177,7 +177,10 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+        from llm_gym.trainer.deprecations import trl_checkpointing_calls
+
+        with trl_checkpointing_calls():  # TRL toggles checkpointing through transformers' deprecated names
+            out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         self._log_env_metrics(mode)
         self._save_records(mode)
