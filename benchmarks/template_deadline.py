@@ -37,7 +37,10 @@ def chats() -> dict[str, list[dict[str, str]]]:
     for _ in range(20):
         conv.append({"role": "user", "content": board})
         conv.append({"role": "assistant", "content": "<think>push the box down</think><answer>Down</answer>"})
-    return {"probe (2 messages)": conv[:1] + [{"role": "user", "content": "U"}], "conversation (41 messages)": conv}
+    return {
+        "probe (2 messages)": conv[:1] + [{"role": "user", "content": "U"}],
+        "conversation (41 messages)": conv,
+    }
 
 
 def measure(tok, messages, rounds: int, per_round: int) -> tuple[float, float]:

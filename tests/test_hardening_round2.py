@@ -367,7 +367,9 @@ def test_n6_check_template_train_and_eval_say_one_line(tiny_dir, tmp_path, capsy
     argv = ["--env", "Bandit", "--model", str(model), "-o", str(tmp_path / "run"), "--max_steps", "1"]
     assert train_cli.main([*argv, "--report_to", "none"]) == 2
     err = capsys.readouterr().err
-    ours = [line for line in err.splitlines() if line.startswith("llmgym-train")]  # besides transformers' bars
+    ours = [
+        line for line in err.splitlines() if line.startswith("llmgym-train")
+    ]  # besides transformers' bars
     assert len(ours) == 1 and "System role not supported" in ours[0] and "Traceback" not in err
     assert (
         ev.main(
