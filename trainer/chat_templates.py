@@ -82,6 +82,8 @@ def training_template_tokens(tokenizer: Any, *, log: Any = None) -> ChatTemplate
     try:
         return ChatTemplateTokens(tokenizer)
     except ChatTemplateError as original:
+        if isinstance(original, TemplateRenderError) and original.timed_out:
+            raise  # TRL would render the same template again (its variants are for known templates)
         variant = trl_training_template(tokenizer)
         if variant is None:
             raise ChatTemplateError(
