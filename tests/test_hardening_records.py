@@ -186,7 +186,7 @@ def test_unknown_and_oversized_kwargs_are_refused_quickly():
         ({"dim_room": [3000, 3000]}, "at most 100x100"),
         ({"size": 10_000}, "size must be an integer in"),
         ({"think": "false"}, "think must be True or False"),
-        ({"p": None}, "cannot make"),
+        ({"p": None}, "p \\(frozen probability\\) must be a number"),
     ):
         env_id = "llmgym/Sokoban-v0" if "dim_room" in kwargs else "llmgym/FrozenLake-v0"
         rec = EpisodeRecord.from_dict({**GOOD, "env_id": env_id, "env_kwargs": kwargs})

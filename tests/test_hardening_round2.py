@@ -696,7 +696,7 @@ def test_benchmarks_name_no_docs_path(path):
 
 def test_our_trl_calls_raise_no_checkpointing_deprecation_but_others_still_do(tiny_dir):
     pytest.importorskip("trl")
-    from llm_gym.trainer.deprecations import trl_checkpointing_calls, use_current_checkpointing_names
+    from llm_gym.trainer.deprecations import old_checkpointing_names, use_current_checkpointing_names
     from transformers import AutoModelForCausalLM
     from trl.models.utils import disable_gradient_checkpointing
 
@@ -704,7 +704,7 @@ def test_our_trl_calls_raise_no_checkpointing_deprecation_but_others_still_do(ti
     model.activation_checkpointing_enable()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with trl_checkpointing_calls(), disable_gradient_checkpointing(model, None):
+        with old_checkpointing_names(), disable_gradient_checkpointing(model, None):
             pass
         assert not [w for w in caught if "checkpointing" in str(w.message)]
         with disable_gradient_checkpointing(model, None):  # outside our calls the warning still shows

@@ -7,10 +7,11 @@ use of the old names. Two sources reached a user's run, several times each:
   hands its value to transformers under the current name (``activation_checkpointing``), so nothing is
   deprecated (our configs, profiles and flags keep accepting the old name, as TRL's do);
 - TRL 1.16's generation and scoring helpers (``trl.models.unwrap_model_for_generation``,
-  ``trl.models.utils.disable_gradient_checkpointing``) read ``is_gradient_checkpointing`` and call
-  ``gradient_checkpointing_disable`` / ``gradient_checkpointing_enable``. A user cannot act on that (the calls are
-  in TRL, made for us): :func:`trl_checkpointing_calls` silences exactly those three messages around our calls of
-  those helpers; every other warning, and the same ones from any other caller, still show.
+  ``trl.models.utils.disable_gradient_checkpointing``, ``GRPOTrainer`` itself) and PEFT's ``PeftModel`` read
+  ``is_gradient_checkpointing`` and call ``gradient_checkpointing_disable`` / ``gradient_checkpointing_enable``.
+  A user cannot act on that (the calls are in those libraries, made for us): :func:`old_checkpointing_names`
+  silences exactly those three messages around our calls into them; every other warning, and the same ones from
+  any other caller, still show.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ _MESSAGE = r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_
 
 
 @contextlib.contextmanager
-def trl_checkpointing_calls() -> Iterator[None]:
-    """Silence transformers' ``FutureWarning`` for the deprecated gradient-checkpointing names in this block."""
+def old_checkpointing_names() -> Iterator[None]:
+    """Silence transformers' ``FutureWarning`` for the deprecated gradient-checkpointing names in this block (our
+    calls into TRL and PEFT code that still uses them)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MESSAGE, category=FutureWarning)
         yield

@@ -106,17 +106,22 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             from llm_gym.trainer.lora import peft_config
 
             kwargs["peft_config"] = peft_config(args)  # TRL's ModelConfig flags -> LoraConfig
-        super().__init__(
-            model=model,
-            reward_funcs=reward_funcs if reward_funcs is not None else [env_reward],
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            rollout_func=rollout_func if rollout_func is not None else EnvRolloutFunc(args, processing_class),
-            callbacks=callbacks,
-            **kwargs,
-        )
+        from llm_gym.trainer.deprecations import old_checkpointing_names
+
+        with old_checkpointing_names():  # with LoRA, TRL/PEFT read checkpointing under its deprecated name
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs if reward_funcs is not None else [env_reward],
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                rollout_func=rollout_func
+                if rollout_func is not None
+                else EnvRolloutFunc(args, processing_class),
+                callbacks=callbacks,
+                **kwargs,
+            )
         self._round_rewards_per_func: torch.Tensor | None = None
         self._generation_rounds = 0
         #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
@@ -177,9 +182,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        from llm_gym.trainer.deprecations import trl_checkpointing_calls
+        from llm_gym.trainer.deprecations import old_checkpointing_names
 
-        with trl_checkpointing_calls():  # TRL toggles checkpointing through transformers' deprecated names
+        with old_checkpointing_names():  # TRL toggles checkpointing through transformers' deprecated names
             out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         self._log_env_metrics(mode)

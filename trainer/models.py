@@ -376,9 +376,11 @@ def load_model_and_tokenizer(
     try:
         model = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
         if base is not None:
+            from llm_gym.trainer.deprecations import old_checkpointing_names
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, resolved, is_trainable=adapter_trainable)
+            with old_checkpointing_names():  # PEFT reads checkpointing under its deprecated name
+                model = PeftModel.from_pretrained(model, resolved, is_trainable=adapter_trainable)
     except (OSError, ModelError):
         raise
     except (ValueError, TypeError, KeyError, AttributeError, ImportError, RecursionError, MemoryError) as e:

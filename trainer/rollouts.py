@@ -487,11 +487,11 @@ class EnvRolloutFunc:
                     gen_cfg.temperature, gen_cfg.do_sample = args.eval_temperature, True
                 else:
                     gen_cfg.do_sample = False
-            from llm_gym.trainer.deprecations import trl_checkpointing_calls
+            from llm_gym.trainer.deprecations import old_checkpointing_names
 
             ctx = getattr(trainer, "_dist", None)
             with (
-                trl_checkpointing_calls(),  # TRL toggles checkpointing through transformers' deprecated names
+                old_checkpointing_names(),  # TRL toggles checkpointing through transformers' deprecated names
                 unwrap_model_for_generation(
                     trainer.model_wrapped,
                     trainer.accelerator,

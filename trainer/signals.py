@@ -318,7 +318,7 @@ MI_KEYS = (
 def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
     """Cross-score the batch's (prompt, reasoning) pairs and log ``mi/<scope>/<key>`` (scopes: first turn,
     trajectory). Every process runs the same number of forwards."""
-    from llm_gym.trainer.deprecations import trl_checkpointing_calls
+    from llm_gym.trainer.deprecations import old_checkpointing_names
     from trl.models.utils import disable_gradient_checkpointing
 
     args, acc = trainer.args, trainer.accelerator
@@ -345,7 +345,7 @@ def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
         forwards = int(acc.gather(torch.tensor([local], device=acc.device)).max())
         with (
             torch.no_grad(),
-            trl_checkpointing_calls(),  # TRL toggles checkpointing through transformers' deprecated names
+            old_checkpointing_names(),  # TRL toggles checkpointing through transformers' deprecated names
             disable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs),
         ):
             if args.mi_scorer == "cached":
