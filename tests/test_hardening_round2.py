@@ -27,10 +27,17 @@ import pytest
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym import _jsonl, safe_io
 from llm_gym.agent import records as records_mod
-from llm_gym.agent.records import EpisodeRecord, RecordFile, TurnRecord, read_records, write_records
+from llm_gym.agent.records import (
+    EpisodeRecord,
+    RecordFile,
+    TurnRecord,
+    read_records,
+    record_episode,
+    write_records,
+)
 from llm_gym.cli import main as llmgym
 from llm_gym.core.parsing import RESPONSE_MAX_LENGTH
-from llm_gym.render.replay import record_episode, verify_episode
+from llm_gym.render.replay import verify_episode
 from llm_gym.safe_io import LOCK_FILE, OutputLock, UnsafeOutputError, append_text
 
 REPO = Path(__file__).resolve().parents[1]
