@@ -73,7 +73,9 @@ _KEYS = frozenset({"step", *(key for _, _, keys in PANELS for key, _ in keys)})
 
 
 def _step(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    from llm_gym.core.checks import is_number
+
+    if not is_number(value) or not math.isfinite(value):
         return None
     return float(value)
 
