@@ -458,8 +458,13 @@ def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[
     env_ids = list(dict.fromkeys(resolve_env_id(e) for e in a.env))
     from llm_gym.registration import make_env
 
-    for env_id in env_ids:  # an unknown or out-of-range kwarg fails now, not after the weights loaded
-        make_env(env_id, env_kwargs).close()
+    # an unknown or out-of-range kwarg fails now, not after the weights loaded (on every --env_url server too)
+    for url in parse_env_urls(getattr(a, "env_url", None)) or [None]:
+        for env_id in env_ids:
+            try:
+                make_env(env_id, env_kwargs, env_url=url).close()
+            except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
+                raise ValueError(str(e)) from None
     ks = sorted(set(a.k or [1, a.samples_per_seed]))
     if any(k < 1 or k > a.samples_per_seed for k in ks):
         raise ValueError(
