@@ -84,6 +84,8 @@ def test_reset_request_checks_every_field():
             {"env_id": SOKOBAN, "env_kwargs": {"bogus": 1}},
             {"env_id": SOKOBAN, "env_kwargs": {"level_file": "/etc/passwd"}},
             {"env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}},
+            # Countdown bundles no data: its "sample" would be a file in the server's folder or a hub id
+            {"env_id": "llmgym/Countdown-v0", "env_kwargs": {"dataset": "sample"}},
             {"env_id": SOKOBAN, "env_kwargs": {"render_mode": "human"}},
             {"env_id": SOKOBAN, "env_kwargs": [1, 2]},
             {"seed": -1},
@@ -100,10 +102,17 @@ def test_reset_request_checks_every_field():
             with pytest.raises(RequestError) as err:
                 check_reset_request(request, served=SERVED)
             assert err.value.status == status, request
-    # the bundled sample is the one data set a client may ask for
+    # the bundled sample is the one data set a client may ask for, where its family bundles one
     assert check_reset_request(
         {"env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "sample"}}, served=SERVED
     )[1] == {"dataset": "sample"}
+    assert check_reset_request(
+        {"env_id": "llmgym/SokobanFile-v0", "env_kwargs": {"level_file": "sample"}}, served=SERVED
+    )[1] == {"level_file": "sample"}
+    with pytest.raises(RequestError, match="only ask for nothing"):
+        check_reset_request(
+            {"env_id": "llmgym/Countdown-v0", "env_kwargs": {"dataset": "sample"}}, served=SERVED
+        )
     with pytest.raises(RequestError, match="not served here"):
         check_reset_request({"env_id": SOKOBAN}, served=(FL,))
     # kwargs the operator fixed apply, and a client may not change them

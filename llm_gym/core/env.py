@@ -138,6 +138,9 @@ class TextEnv(gym.Env[str, str]):
     turn_limit_terminates: ClassVar[bool] = False
     #: Name of the family's expert policy (:meth:`expert_move`), stored in every exported row; ``None``: no expert.
     expert_name: ClassVar[str | None] = None
+    #: Constructor arguments that name a file or a hub data set, each with the values that name data bundled with
+    #: llm-gym (MetaMathQA: ``{"dataset": ("sample",)}``). ``llmgym serve`` takes only those values from a client.
+    data_kwargs: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(
         self,

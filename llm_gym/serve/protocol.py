@@ -37,7 +37,8 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 #: Keys of a reset request besides OpenEnv's own ``seed`` and ``episode_id``.
 RESET_KEYS = ("env_id", "env_kwargs", "options")
-#: Constructor kwargs that name a file or a hub data set: a client may only pass the bundled ``"sample"``.
+#: Constructor kwargs that always name a file or a hub data set, besides those a family declares
+#: (``TextEnv.data_kwargs``): a client may pass only the values the family bundles (``"sample"``).
 RESOURCE_KWARGS = ("dataset", "level_file")
 #: Constructor kwargs a client may never pass (the server never renders).
 SERVER_ONLY_KWARGS = ("render_mode",)
@@ -108,17 +109,29 @@ def _json_size(value: Any) -> int:
 
 
 # --------------------------------------------------------------------------------------------- requests
-def constructor_parameters(env_id: str) -> tuple[set[str], bool]:
-    """The keyword parameters the class of ``env_id`` takes (following ``**kwargs`` up the class chain), and
-    whether it swallows unknown keywords anyway (a class whose chain ends in ``**kwargs``)."""
-    spec = gym.spec(env_id)
-    entry = spec.entry_point
+def _env_class(env_id: str) -> type | None:
+    entry = gym.spec(env_id).entry_point
     if not isinstance(entry, str) or ":" not in entry:
-        return set(), True
+        return None
     module, _, name = entry.partition(":")
     import importlib
 
-    cls = getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module), name)
+
+
+def bundled_data(env_id: str) -> dict[str, tuple[str, ...]]:
+    """The data-naming kwargs of ``env_id``'s class, each with the values that name bundled data: the family's
+    ``data_kwargs`` plus :data:`RESOURCE_KWARGS` (nothing bundled unless the family says so)."""
+    declared = dict(getattr(_env_class(env_id), "data_kwargs", None) or {})
+    return {**dict.fromkeys(RESOURCE_KWARGS, ()), **{k: tuple(v) for k, v in declared.items()}}
+
+
+def constructor_parameters(env_id: str) -> tuple[set[str], bool]:
+    """The keyword parameters the class of ``env_id`` takes (following ``**kwargs`` up the class chain), and
+    whether it swallows unknown keywords anyway (a class whose chain ends in ``**kwargs``)."""
+    cls = _env_class(env_id)
+    if cls is None:
+        return set(), True
     names: set[str] = set()
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -160,15 +173,17 @@ def check_env_kwargs(
             f"{', '.join(sorted(known - set(SERVER_ONLY_KWARGS)))}",
         )
     fixed = dict(fixed or {})
+    data = bundled_data(env_id)
     for key, value in kwargs.items():
         if key in fixed and fixed[key] != value:
             raise RequestError(422, f"{key} is fixed by the server to {fixed[key]!r}")
         if key in SERVER_ONLY_KWARGS:
             raise RequestError(422, f"{key} cannot be set by a client (the server never renders)")
-        if key in RESOURCE_KWARGS and key not in fixed and value != "sample":
+        if key in data and key not in fixed and value not in data[key]:
+            bundled = " or ".join(map(repr, data[key])) or "nothing (none is bundled)"
             raise RequestError(
                 422,
-                f"{key} names a file or data set on the server; a client may only ask for the bundled 'sample' "
+                f"{key} names a file or data set on the server; a client may only ask for {bundled} "
                 "(the operator chooses others: llmgym serve --env_kwargs)",
             )
     return kwargs

@@ -295,6 +295,7 @@ class CountdownEnv(TextEnv):
     action_names = None
     action_sep = None
     expert_name = "reference-solution"
+    data_kwargs = {"dataset": ()}  # a file or hub id: nothing bundled
 
     def __init__(
         self,

@@ -99,6 +99,7 @@ class MetaMathQAEnv(TextEnv):
     action_sep = None
     obs_max_length = QUESTION_MAX_LENGTH + 64
     expert_name = "gold-answer"
+    data_kwargs = {"dataset": ("sample",)}
 
     def __init__(
         self,

@@ -165,6 +165,7 @@ class SokobanEnv(TextEnv):
     )
     action_names = ACTIONS
     expert_name = "bfs-solver"
+    data_kwargs = {"level_file": ("sample",)}
 
     def __init__(
         self,
