@@ -205,6 +205,13 @@ def test_tokens_and_bind_address():
     for bad in ("a:1", "file:///x", ["http://a:1", 3]):
         with pytest.raises(ValueError):
             parse_env_urls(bad)
+    # a token in --env_url would be saved with the run's settings (checkpoints, trackers): refused, never echoed
+    secret = "s3cret-token-0123456789"
+    for bad in (f"http://llmgym:{secret}@127.0.0.1:8000", f"http://a:1,ws://{secret}@h:2"):
+        with pytest.raises(ValueError, match="LLMGYM_SERVE_TOKEN") as err:
+            parse_env_urls(bad)
+        assert secret not in str(err.value)
+    assert parse_env_urls(f"http://u:{secret}@h:1", allow_credentials=True) == [f"http://u:{secret}@h:1"]
 
 
 def test_cli_refuses_an_open_address_without_a_token_and_unknown_ids(monkeypatch, capsys):

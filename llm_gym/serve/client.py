@@ -62,7 +62,7 @@ def _split_url(url: str) -> tuple[str, str | None, bool]:
     """``(base http(s) URL without credentials, password from the URL or None, is loopback)``."""
     if not isinstance(url, str) or not url.strip():
         raise ValueError("url must be the server's address, e.g. http://127.0.0.1:8000")
-    parse_env_urls(url)
+    parse_env_urls(url, allow_credentials=True)
     parts = urllib.parse.urlsplit(url.strip())
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     if scheme not in ("http", "https") or not parts.hostname:

@@ -338,9 +338,12 @@ def describe(env_id: str, env: gym.Env) -> dict[str, Any]:
     }
 
 
-def parse_env_urls(value: Any) -> list[str] | None:
+def parse_env_urls(value: Any, *, allow_credentials: bool = False) -> list[str] | None:
     """``--env_url`` as a list of server addresses (one string, comma-separated, or a list), each an
-    ``http(s)://`` or ``ws(s)://`` URL with a host; ``None`` or empty: play locally."""
+    ``http(s)://`` or ``ws(s)://`` URL with a host; ``None`` or empty: play locally.
+
+    A token in a URL (``http://user:token@host``) is refused unless ``allow_credentials``: a run's settings are
+    saved with its checkpoints and sent to trackers, so the token goes in ``LLMGYM_SERVE_TOKEN`` instead."""
     if value is None:
         return None
     items = [value] if isinstance(value, str) else value
@@ -357,4 +360,12 @@ def parse_env_urls(value: Any) -> list[str] | None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
             raise ValueError(f"env_url must look like http://HOST:PORT, got {url!r}")
+        if not allow_credentials and (parts.username or parts.password):
+            shown = urllib.parse.urlunsplit(
+                (parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", "")
+            )
+            raise ValueError(
+                f"env_url must not carry a user or token ({shown} with credentials): the run's settings are saved "
+                "with its checkpoints and sent to trackers; set LLMGYM_SERVE_TOKEN instead"
+            )
     return urls or None
