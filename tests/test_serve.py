@@ -214,6 +214,19 @@ def test_tokens_and_bind_address():
     assert parse_env_urls(f"http://u:{secret}@h:1", allow_credentials=True) == [f"http://u:{secret}@h:1"]
 
 
+def test_operator_kwargs_must_be_taken_by_a_served_id():
+    # A misspelt kwarg would be dropped for every id: clients would get the default data (the hub), not the file.
+    for ids, kwargs in (
+        (("llmgym/MetaMathQA-v0",), {"datset": "/data/mm.jsonl"}),
+        ((SOKOBAN, FL), {"dataset": "x.jsonl"}),  # neither takes a dataset
+        ((SOKOBAN,), {"render_mode": "human"}),  # the server never renders
+    ):
+        with pytest.raises(ValueError, match="--env_kwargs"):
+            ServeConfig(env_ids=ids, env_kwargs=kwargs)
+    # fixed for every served id that takes it: one id taking it is enough
+    assert ServeConfig(env_ids=(SOKOBAN, "llmgym/MetaMathQA-v0"), env_kwargs={"dataset": "sample"}).env_kwargs
+
+
 def test_cli_refuses_an_open_address_without_a_token_and_unknown_ids(monkeypatch, capsys):
     from llm_gym.cli import main
 

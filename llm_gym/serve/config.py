@@ -53,6 +53,7 @@ class ServeConfig:
         if not self.env_ids:
             raise ValueError("serve at least one environment id")
         self.env_ids = tuple(check_trusted_env_id(e, "--env") for e in self.env_ids)
+        self._check_env_kwargs()
         for name in ("max_sessions", "max_action_chars", "max_body_bytes"):
             v = getattr(self, name)
             if not is_int(v, numpy=False) or v < 1:
@@ -71,6 +72,24 @@ class ServeConfig:
             raise ValueError(
                 f"serving on {self.host} (not a loopback address) needs a token: set LLMGYM_SERVE_TOKEN or "
                 "--token_file, and give clients the same token"
+            )
+
+    def _check_env_kwargs(self) -> None:
+        """Each fixed kwarg is taken by a served id: a misspelt one (``datset``) would otherwise be dropped for
+        every id, and clients would get the default data (a hub data set) instead of the operator's file."""
+        from llm_gym.serve.protocol import SERVER_ONLY_KWARGS, constructor_parameters
+
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError("--env_kwargs must be a JSON object")
+        server_only = sorted(k for k in self.env_kwargs if k in SERVER_ONLY_KWARGS)
+        if server_only:
+            raise ValueError(f"--env_kwargs cannot set {', '.join(server_only)} (the server never renders)")
+        taken = set().union(*(constructor_parameters(e)[0] for e in self.env_ids))
+        unknown = sorted(k for k in self.env_kwargs if k not in taken)
+        if unknown:
+            raise ValueError(
+                f"--env_kwargs: no served id takes {', '.join(map(repr, unknown))} "
+                f"(they take {', '.join(sorted(taken - set(SERVER_ONLY_KWARGS)))})"
             )
 
     @property
