@@ -51,14 +51,39 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 
-def _setup_packages() -> list[str]:
-    """The package list setup.py gives setuptools (discovered, not written out)."""
+def _setup_packages(root: Path = ROOT) -> list[str]:
+    """The package list setup.py gives setuptools (discovered, not written out) for the tree at ``root``."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("llmgym_setup", ROOT / "setup.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # setup() itself runs only as __main__
-    return mod.packages()
+    return mod.packages(root)
+
+
+def test_a_new_package_folder_needs_no_packaging_edit(tmp_path):
+    # A subpackage of any of the three folders (an env family, a trainer module split into a package, a data
+    # package) is found under the namespace its folder maps to.
+    for rel in (
+        "llm_gym",
+        "llm_gym/envs",
+        "llm_gym/envs/corridor",
+        "trainer",
+        "trainer/cli",
+        "assets",
+        "assets/levels",
+    ):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "__init__.py").write_text("")
+    assert sorted(_setup_packages(tmp_path)) == [
+        "llm_gym",
+        "llm_gym.assets",
+        "llm_gym.assets.levels",
+        "llm_gym.envs",
+        "llm_gym.envs.corridor",
+        "llm_gym.trainer",
+        "llm_gym.trainer.cli",
+    ]
 
 
 def _python_files() -> list[Path]:
