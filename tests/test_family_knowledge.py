@@ -15,6 +15,7 @@ from llm_gym.registration import ENVS
 ROOT = Path(__file__).resolve().parent.parent
 #: Code that must work for any family: the agent loop, export and baselines, rendering, adapters, CLIs, trainer.
 GENERIC = [ROOT / "llm_gym" / "agent", ROOT / "llm_gym" / "render", ROOT / "llm_gym" / "integrations"]
+GENERIC += [ROOT / "llm_gym" / "serve"]
 GENERIC += [ROOT / "llm_gym" / "cli.py", ROOT / "trainer"]
 
 
