@@ -32,6 +32,8 @@ import gymnasium as gym
 from llm_gym.core.checks import is_number
 from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
 from llm_gym.serve.protocol import (
+    CLOSE_IDLE,
+    CLOSE_REQUEST_TIMEOUT,
     DYNAMIC_ATTRIBUTES,
     PROTOCOL_VERSION,
     STATIC_ATTRIBUTES,
@@ -148,7 +150,6 @@ class RemoteEnv(gym.Env[str, str]):
             limits = desc.get("limits") or {}
             if not isinstance(attrs, dict) or not isinstance(limits, dict):
                 raise ValueError("attributes and limits must be objects")
-            self._max_action_chars = int(limits.get("max_action_chars", 16384))
             self._ws_max_bytes = min(int(limits.get("ws_max_bytes", 1 << 20)) * 4, MAX_REPLY_BYTES)
         except (KeyError, TypeError, ValueError) as e:
             raise RemoteEnvError(f"{self.url} gave a describe reply this client cannot use: {e}") from None
@@ -238,9 +239,9 @@ class RemoteEnv(gym.Env[str, str]):
         why = str(e) or type(e).__name__
         if isinstance(e, ConnectionClosed):
             rcvd = e.rcvd
-            if rcvd is not None and rcvd.code == 4408:
+            if rcvd is not None and rcvd.code == CLOSE_IDLE:
                 why = f"the server closed the idle session ({rcvd.reason})"
-            elif rcvd is not None and rcvd.code == 4504:
+            elif rcvd is not None and rcvd.code == CLOSE_REQUEST_TIMEOUT:
                 why = f"the server closed the session: a request took too long ({rcvd.reason})"
             elif rcvd is not None and rcvd.code == 1009:
                 why = "the server closed the session: a message was over its size limit"

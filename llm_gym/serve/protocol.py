@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 
 from llm_gym.core.checks import is_int
+from llm_gym.core.env import ACTION_MAX_LENGTH
 from llm_gym.core.spaces import AnyText
 from llm_gym.registration import check_seed, check_trusted_env_id
 
@@ -26,7 +27,7 @@ PROTOCOL_VERSION = 1
 
 # ------------------------------------------------------------------------------------------- default limits
 #: Longest action (characters) a step accepts: the action space's bound (``AnyText(ACTION_MAX_LENGTH)``).
-DEFAULT_MAX_ACTION_CHARS = 16384
+DEFAULT_MAX_ACTION_CHARS = ACTION_MAX_LENGTH
 #: Most sessions (WebSocket connections, each with its own env) open at once.
 DEFAULT_MAX_SESSIONS = 256
 #: A session with no message for this long is closed and its env freed.
@@ -44,6 +45,9 @@ RESOURCE_KWARGS = ("dataset", "level_file")
 SERVER_ONLY_KWARGS = ("render_mode",)
 #: Longest JSON text of a client's ``env_kwargs`` or ``options``.
 MAX_KWARGS_JSON_CHARS = 16384
+#: WebSocket close codes the server's guard sends (4000-4999 are the application's range) and the client names.
+CLOSE_IDLE = 4408
+CLOSE_REQUEST_TIMEOUT = 4504
 
 # Attributes of ``env.unwrapped`` the agent loop and chat formatting read (llm_gym.agent.chat, records); sent at
 # reset (static) and after every step (dynamic) so that a remote env formats prompts exactly as a local one.

@@ -29,6 +29,8 @@ from typing import Any
 
 from llm_gym.serve.config import ServeConfig, ServeUsageError, config_from_args, token_matches
 from llm_gym.serve.protocol import (
+    CLOSE_IDLE,
+    CLOSE_REQUEST_TIMEOUT,
     PROTOCOL_VERSION,
     RequestError,
     check_action,
@@ -40,10 +42,6 @@ from llm_gym.serve.protocol import (
 )
 
 INSTALL_HINT = "llmgym serve needs the serve extra: pip install 'llm-gym[serve]' (openenv-core)"
-
-#: WebSocket close codes of the guard (4000-4999 are the application's range).
-CLOSE_IDLE = 4408
-CLOSE_REQUEST_TIMEOUT = 4504
 
 
 def _require_openenv():
