@@ -274,3 +274,51 @@ def test_ragen2_profile_trains_float32_weights_with_bf16_autocast(tmp_path):
     for role in ("policy", "critic", "value_head"):
         p = decide_precision(merged, gpu=True, backend="none", role=role)
         assert (p.load, p.master, p.compute) == ("float32", "float32", "bfloat16"), role
+
+
+# ------------------------------------------------------------------------------------------ a model handed over
+def test_upcast_trainable_casts_only_trainable_16_bit_weights_when_the_decision_is_float32():
+    torch = pytest.importorskip("torch")
+    from llm_gym.trainer.precision import upcast_trainable
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(torch.bfloat16)
+    net[0].requires_grad_(False)  # a frozen base keeps its dtype
+    names = upcast_trainable(net, decide_precision(cfg(), gpu=True))
+    assert names == ["1.weight", "1.bias"]
+    assert net[1].weight.dtype == torch.float32 and net[0].weight.dtype == torch.bfloat16
+    opt_in = torch.nn.Linear(4, 2).to(torch.bfloat16)
+    assert upcast_trainable(opt_in, decide_precision(cfg(dtype="bfloat16"), gpu=True)) == []
+    assert opt_in.weight.dtype == torch.bfloat16
+    # DeepSpeed casts to bf16 itself and keeps float32 masters: nothing to do here
+    ds = torch.nn.Linear(4, 2).to(torch.bfloat16)
+    assert upcast_trainable(ds, decide_precision(cfg(), gpu=True, backend="deepspeed")) == []
+
+
+def test_a_bf16_model_handed_to_the_trainer_trains_float32_weights(tiny_dir, tmp_path, caplog):
+    """From Python a model may reach the trainer already in bfloat16 (not through ``load_for_training``): the
+    trainer applies the same decision, so the default dtype still means float32 master weights."""
+    torch = pytest.importorskip("torch")
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests._tiny import tiny_config_kwargs
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+
+    def build(out, **kw):
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16)
+        config = LLMGymGRPOConfig(**tiny_config_kwargs(tmp_path / out, bf16=True, **kw))
+        return LLMGymGRPOTrainer(model=model, args=config, processing_class=tok)
+
+    with caplog.at_level("WARNING", logger="llm_gym.trainer.precision"):
+        tr = build("default")
+    assert set(trainable_dtypes(tr.model)) == {"float32"}
+    assert "upcast to float32" in caplog.text
+    # the opt-in keeps the 16-bit weights it asked for
+    assert set(trainable_dtypes(build("opt_in", dtype="bfloat16").model)) == {"bfloat16"}
+    # LoRA: the frozen base stays bfloat16, the trainable weights are float32
+    lora = build("lora", use_peft=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"])
+    assert set(trainable_dtypes(lora.model)) == {"float32"}
+    assert {p.dtype for p in lora.model.parameters() if not p.requires_grad} == {torch.bfloat16}
+

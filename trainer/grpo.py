@@ -29,6 +29,7 @@ from llm_gym.trainer.batch import constant_group_rows, episode_rewards, loss_mas
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
+from llm_gym.trainer.precision import align_trainer_model
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
 from llm_gym.trainer.signals import SignalState, after_scoring, apply_loss_scale
 from trl import GRPOTrainer
@@ -122,6 +123,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
                 callbacks=callbacks,
                 **kwargs,
             )
+        # float32 master weights also for a model handed over in 16 bits, not loaded by llmgym-train (precision.py)
+        align_trainer_model(self.model, args, self.accelerator)
         self._round_rewards_per_func: torch.Tensor | None = None
         self._generation_rounds = 0
         #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.

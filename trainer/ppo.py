@@ -154,10 +154,9 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             backbone(causal_lm(self.model)).register_forward_hook(self._value_hook)
 
     def _precision(self, role: str) -> Any:
-        from llm_gym.trainer.precision import backend_of, decide_precision
+        from llm_gym.trainer.precision import decide_for_trainer
 
-        gpu = self.accelerator.device.type != "cpu"
-        return decide_precision(self.args, gpu=gpu, backend=backend_of(self.accelerator), role=role)
+        return decide_for_trainer(self.args, self.accelerator, role=role)
 
     @property
     def critic(self) -> ValueModel | None:

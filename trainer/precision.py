@@ -242,6 +242,48 @@ def backend_of(accelerator: Any) -> str:
     return "none" if kind == "NO" else "ddp"
 
 
+def decide_for_trainer(
+    config: Any, accelerator: Any, role: str = "policy", lora: bool | None = None
+) -> Precision:
+    """:func:`decide_precision` for a built trainer: the device and the backend of its ``accelerator``."""
+    gpu = getattr(getattr(accelerator, "device", None), "type", "cpu") != "cpu"
+    return decide_precision(config, gpu=gpu, backend=backend_of(accelerator), lora=lora, role=role)
+
+
+def upcast_trainable(model: Any, precision: Precision) -> list[str]:
+    """Cast ``model``'s trainable 16-bit parameters to float32 in place when ``precision`` trains float32 weights,
+    and return their names. A model handed to the trainer already loaded in bfloat16 (from Python, not through
+    :func:`load_for_training`) would otherwise train with no float32 copy. Frozen weights (a LoRA base) keep their
+    dtype, as in accelerate's FSDP upcast; DeepSpeed-partitioned parameters are the engine's to cast."""
+    if precision.params != "float32":
+        return []
+    import torch
+
+    names = []
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16) and not hasattr(p, "ds_id"):
+            p.data = p.data.float()
+            names.append(name)
+    return names
+
+
+def align_trainer_model(
+    model: Any, config: Any, accelerator: Any, log: Callable[[str], Any] | None = None
+) -> Precision:
+    """The policy's decision for a built trainer, applied to the model it was handed (:func:`upcast_trainable`);
+    ``log`` (default: this module's logger) says how many parameters were upcast, if any."""
+    lora = bool(getattr(config, "use_peft", False)) or hasattr(model, "peft_config")
+    precision = decide_for_trainer(config, accelerator, lora=lora)
+    names = upcast_trainable(model, precision)
+    if names:
+        (log or logger.warning)(
+            f"llmgym-train: the model was handed over with {len(names)} trainable 16-bit parameters "
+            f"({names[0]}, ...); upcast to float32 (dtype={precision.load!r}; bf16 stays autocast). "
+            "Load it in float32, or set dtype='bfloat16' to train 16-bit weights"
+        )
+    return precision
+
+
 def announce(precision: Precision, log: Callable[[str], Any] | None = print) -> None:
     """Print the decision (``log``, e.g. rank 0's print) and raise its warning as a ``UserWarning``."""
     if log is not None:
@@ -321,13 +363,16 @@ __all__ = [
     "Precision",
     "ROLES",
     "WEIGHT_DTYPES",
+    "align_trainer_model",
     "announce",
     "backend_of",
     "changed_fraction",
+    "decide_for_trainer",
     "decide_precision",
     "distributed_backend",
     "load_for_training",
     "trainable_dtypes",
     "trainable_snapshot",
+    "upcast_trainable",
     "weight_dtype_of",
 ]
