@@ -322,3 +322,35 @@ def test_a_bf16_model_handed_to_the_trainer_trains_float32_weights(tiny_dir, tmp
     assert set(trainable_dtypes(lora.model)) == {"float32"}
     assert {p.dtype for p in lora.model.parameters() if not p.requires_grad} == {torch.bfloat16}
 
+
+def test_separate_critic_computes_in_bf16_autocast_in_rollouts_and_in_the_loss(tiny_dir, tmp_path):
+    """The critic is called outside the policy's prepared (autocast) forward, in the rollout-time values and in
+    the loss; with bf16 both run bf16 autocast on its float32 weights, like the policy (CPU autocast here)."""
+    torch = pytest.importorskip("torch")
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.ppo import LLMGymPPOTrainer
+    from llm_gym.trainer.precision import load_for_training
+
+    from tests._tiny import tiny_run_kwargs
+
+    config = LLMGymGRPOConfig(
+        **tiny_run_kwargs(
+            tmp_path,
+            bf16=True,
+            use_cpu=True,
+            max_steps=1,
+            filter_strategy="off",
+            critic_model="separate",
+        )
+    )
+    model, tok, _ = load_for_training(tiny_dir, config, gpu=False, environ={}, log=None)
+    tr = LLMGymPPOTrainer(model=model, args=config, processing_class=tok)
+    assert {p.dtype for p in tr.critic.parameters()} == {torch.float32}
+    seen = set()
+
+    def hook(module, args, output):
+        seen.add((torch.is_grad_enabled(), output.dtype))
+
+    tr.critic.body.layers[0].mlp.down_proj.register_forward_hook(hook)
+    tr.train()
+    assert seen == {(False, torch.bfloat16), (True, torch.bfloat16)}  # rollout values, loss

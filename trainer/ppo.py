@@ -206,7 +206,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         if self._critic is not None:
             # the critic is called directly, outside the prepared model's autocast forward: bf16 compute on the
-            # float32 weights, as in the loss
+            # float32 weights, as in the loss (compute_loss)
             with self.accelerator.autocast():
                 return self._critic_values(ids, attn, P, C, self.args.per_device_train_batch_size)
         with self._capturing_values() as buf:
@@ -259,7 +259,10 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            values = self._critic_values(ids, attn, P, C, ids.size(0))
+            # the critic is called directly, outside the prepared model's autocast forward (transformers leaves
+            # autocast to accelerate's wrapper of that forward): bf16 compute here too, as for the rollout values
+            with self.accelerator.autocast():
+                values = self._critic_values(ids, attn, P, C, ids.size(0))
         else:
             with self._capturing_values() as buf:
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
