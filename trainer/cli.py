@@ -182,7 +182,8 @@ def build_parser() -> Any:
     group.add_argument(
         "--model_config",
         default=None,
-        help="--dry_run: the model's config.json (default: the --model folder's or its cached hub snapshot's).",
+        help="--dry_run: the model's config.json (default: the --model folder's, its cached hub snapshot's, or the "
+        "copy bundled with llm-gym for the Qwen2.5 models the profiles name).",
     )
     group.add_argument(
         "--accelerate_config",

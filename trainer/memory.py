@@ -20,10 +20,9 @@ embeddings, QKV bias), and :func:`estimate_memory` returns the bytes of each com
   state and activations), ``value_head`` (``Linear(hidden, 1)`` in float32 with its AdamW state), ``reference`` (a
   frozen reference model for a KL penalty), ``vllm`` (colocated vLLM's ``gpu_memory_utilization`` share).
 
-:func:`memory_plan` sizes one setting over 1/2/4/8 GPUs with and without FSDP.
-
-:func:`fits` compares a total with a GPU size. Used by ``benchmarks/gpu_check.py`` (printed next to measured
-peaks) and meant for ``llmgym-train --dry_run``.
+:func:`fits` compares a total with a GPU size; :func:`format_plan` prints one setting over 1/2/4/8 GPUs with and
+without FSDP (:data:`PLAN_DEVICES`, :data:`PLAN_GPU_GIB`). Used by ``llmgym-train --dry_run``
+(:func:`llm_gym.trainer.dry_run.memory_report`) and ``benchmarks/gpu_check.py`` (printed next to measured peaks).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ one step at lr 1e-6 changes 2.3% of a tiny random Qwen2's elements and 0.4% of S
 loads a model itself (TRL ``GRPOTrainer``: ``dtype`` defaults to float32).
 
 :func:`decide_precision` is the rule, a pure function of the config, the device, the distributed backend, LoRA
-and the model being loaded; ``llmgym-train`` (:func:`load_for_training`), the PPO critic and value head
-(:mod:`llm_gym.trainer.ppo`) and the ``--dry_run`` memory plan all read it. What each backend does with the
+and the model being loaded; ``llmgym-train`` (:func:`load_for_training`), the trainer itself for a model handed to
+it from Python (:func:`align_trainer_model`), the PPO critic and value head (:mod:`llm_gym.trainer.ppo`) and the
+``--dry_run`` memory plan all read it. What each backend does with the
 weights it is handed (checked in the sources of the versions named):
 
 - one process, DDP: nothing; the optimizer updates the parameters as loaded. So they are loaded in float32.
@@ -18,10 +19,11 @@ weights it is handed (checked in the sources of the versions named):
   before sharding and computes in bfloat16 (``MixedPrecisionPolicy``). Loaded in float32, nothing is left to
   upcast: nothing is cast twice.
 - DeepSpeed (0.19.6, ``runtime/engine.py`` ``_configure_distributed_model``): with ``bf16`` enabled the engine
-  casts the parameters to bfloat16 itself and its optimizer keeps float32 master weights
-  (``runtime/bf16_optimizer.py`` for ZeRO-0, ``runtime/zero/stage_1_and_2.py`` and ``runtime/zero/stage3.py``
-  for ZeRO-1/2/3, unless ``bf16_master_weights_and_grads`` is set). A float32 load costs host memory while
-  loading only. Without ``bf16`` the engine casts nothing.
+  casts the parameters to bfloat16 itself and its optimizer keeps float32 master weights (``engine.py``
+  ``_do_optimizer_sanity_check``: ZeRO-0 wraps the optimizer in ``runtime/fp16/fused_optimizer.py`` or
+  ``unfused_optimizer.py``, ZeRO-1 with a float32 ``grad_accum_dtype`` in ``runtime/bf16_optimizer.py``, ZeRO-1/2/3
+  otherwise in ``runtime/zero/stage_1_and_2.py`` / ``stage3.py``; unless ``bf16_master_weights_and_grads`` is
+  set). A float32 load costs host memory while loading only. Without ``bf16`` the engine casts nothing.
 - LoRA (PEFT 0.21 ``get_peft_model`` / ``PeftModel.from_pretrained``, ``autocast_adapter_dtype=True``): the
   adapter weights are upcast to float32 whatever the base's dtype, so a frozen base may be bfloat16 (opt-in
   ``dtype="bfloat16"``, half the memory, no update lost). ``modules_to_save`` copies are *not* upcast.
