@@ -156,7 +156,7 @@ class TrainingSetup:
     generation_batch: int | None = None  # rows generated at once per device (default: per_device_batch)
     weight_dtype: str = "bfloat16"
     activation_dtype: str | None = None  # default: weight_dtype
-    master_weights: bool = False  # fp32 master copy of 16-bit weights (DeepSpeed bf16, FSDP mixed precision)
+    master_weights: bool = False  # fp32 master copy of 16-bit weights (DeepSpeed bf16; FSDP upcasts instead)
     optimizer_state_dtype: str = "float32"  # AdamW moments
     gradient_checkpointing: bool = True
     sharding: str = "none"
