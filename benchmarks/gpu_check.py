@@ -37,6 +37,7 @@ caps the tokens a round may generate.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -221,8 +222,10 @@ def generate_hf(model, p: dict, vocab: int, device) -> tuple[list, int]:
 
 def generate_vllm(
     model_dir: str, p: dict, vocab: int, utilization: float, dtype: str
-) -> tuple[Any, int, float]:
-    """The same generation through vLLM with random (dummy) weights; returns (rows, tokens, seconds)."""
+) -> tuple[Any, int, float, int]:
+    """The same generation through vLLM with random (dummy) weights; returns (rows, tokens, seconds, bytes in use
+    on the device while the engine is alive). vLLM's engine runs in its own process by default, so this process's
+    ``max_memory_allocated`` does not see it: the device-wide figure (``torch.cuda.mem_get_info``) does."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -246,7 +249,11 @@ def generate_vllm(
         outs = llm.generate([{"prompt_token_ids": c} for c in ctx], sp, use_tqdm=False)
         ctx = [c + list(o.outputs[0].token_ids) for c, o in zip(ctx, outs)]
         total += sum(len(o.outputs[0].token_ids) for o in outs)
-    return ctx, total, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    free, device_total = torch.cuda.mem_get_info()
+    del llm  # shut the engine down before the stop check starts its own
+    gc.collect()
+    return ctx, total, seconds, int(device_total - free)
 
 
 def autocast(device, bf16: bool):
@@ -566,16 +573,14 @@ def run_check(args: argparse.Namespace) -> dict:
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
                 json.dump(config, f)
-            _, tokens, secs = generate_vllm(
+            _, tokens, secs, used = generate_vllm(
                 d, p, vocab, float(settings["vllm_gpu_memory_utilization"]), precision.compute
             )
         stops["vllm"] = vllm_stop_check()
         report["vllm"] = {
             "generation_tokens_per_s": tokens / secs,
             "generated_tokens": tokens,
-            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(device))
-            if device.type == "cuda"
-            else None,
+            "device_used_bytes": used,  # every process on the device, vLLM's engine included
             "gpu_memory_utilization": settings["vllm_gpu_memory_utilization"],
             "reserved_share_bytes": int(
                 float(settings["vllm_gpu_memory_utilization"])

@@ -121,3 +121,42 @@ def test_vllm_needs_cuda(gpu_check, capsys):
         pytest.skip("this machine has CUDA")
     assert gpu_check.main(["--use_vllm", "--device", "cpu"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_vllm_generation_reports_device_wide_memory_and_releases_the_engine(gpu_check, monkeypatch):
+    """vLLM's engine runs in its own process, so the memory reported for it is the device's (``mem_get_info``),
+    taken while the engine is alive, and the engine is released before the stop check builds another one. A
+    stand-in ``vllm`` module runs the loop on CPU."""
+    import types
+    import weakref
+
+    import torch
+
+    engines = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+            engines.append(weakref.ref(self))
+
+        def generate(self, prompts, sp, use_tqdm=False):
+            out = types.SimpleNamespace(token_ids=[7] * sp.max_tokens)
+            return [types.SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    class SamplingParams:
+        def __init__(self, max_tokens, **kwargs):
+            self.max_tokens = max_tokens
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (30, 100), raising=False)
+    p = {
+        "rows": 3,
+        "prompt_length": 4,
+        "turn_tokens": [2, 2],
+        "observation_tokens": 1,
+        "completion_length": 5,
+    }
+    rows, tokens, seconds, used = gpu_check.generate_vllm("unused", p, 50, 0.3, "bfloat16")
+    assert tokens == 3 * 4 and seconds >= 0 and used == 70
+    assert [len(r) for r in rows] == [4 + 2 + 1 + 2] * 3
+    assert engines[0]() is None  # released before returning
