@@ -72,6 +72,8 @@ DEFAULTS = {
     "max_grad_norm": 1.0,
     "beta": 0.0,
     "vllm_gpu_memory_utilization": 0.3,
+    "algo": "grpo",
+    "critic_model": "head",
 }
 
 
@@ -103,6 +105,12 @@ def settings_from(profile: dict, overrides: list[str]) -> dict:
         if not sep or key not in DEFAULTS:
             raise ValueError(f"--set expects key=value with key in {sorted(DEFAULTS)}, got {item!r}")
         out[key] = yaml.safe_load(value)
+    from llm_gym.trainer.algorithms import get_algorithm
+
+    try:
+        get_algorithm(str(out["algo"]))
+    except KeyError:
+        raise ValueError(f"algo must be one of grpo, drgrpo, dapo, ppo, got {out['algo']!r}") from None
     for key in (
         "num_prompts",
         "num_generations",
@@ -142,6 +150,29 @@ def plan(settings: dict, prompt_length: int, max_tokens: int) -> dict:
         "optimizer_steps": math.ceil(micro / ga),
         "gradient_accumulation_steps": ga,
     }
+
+
+def estimate_setup(settings: dict, p: dict, precision: Any, sharding: str = "none", num_devices: int = 1):
+    """The :class:`llm_gym.trainer.memory.TrainingSetup` of the whole run the settings describe: the round on this
+    device, the weights as :mod:`llm_gym.trainer.precision` keeps them, and the models the check does not build
+    (PPO's separate critic and value head, a KL reference), so that ``fits`` speaks for the real run."""
+    from llm_gym.trainer.algorithms import get_algorithm
+    from llm_gym.trainer.memory import TrainingSetup, precision_setup
+
+    uses_critic = get_algorithm(str(settings["algo"])).uses_critic
+    return TrainingSetup(
+        per_device_batch=settings["per_device_train_batch_size"],
+        prompt_length=p["prompt_length"],
+        completion_length=p["completion_length"],
+        generation_batch=p["rows"],
+        **precision_setup(precision),
+        gradient_checkpointing=bool(settings["gradient_checkpointing"]),
+        sharding=sharding,
+        num_devices=num_devices,
+        critic=uses_critic and settings["critic_model"] == "separate",
+        value_head=uses_critic,
+        reference_model=float(settings["beta"]) != 0.0,
+    )
 
 
 class Meter:
@@ -473,7 +504,7 @@ def state_bytes(model, optimizer) -> dict[str, int]:
 
 def run_check(args: argparse.Namespace) -> dict:
     import torch
-    from llm_gym.trainer.memory import GIB, TrainingSetup, estimate_memory, fits, precision_setup
+    from llm_gym.trainer.memory import GIB, estimate_memory, fits
     from llm_gym.trainer.precision import decide_precision
 
     with open(args.model_config, encoding="utf-8") as f:
@@ -526,17 +557,9 @@ def run_check(args: argparse.Namespace) -> dict:
         )
     measured_states = state_bytes(model, optimizer)
     one_step = step_change(model, optimizer, seqs, p, mb, device, settings)
-    setup = TrainingSetup(
-        per_device_batch=mb,
-        prompt_length=p["prompt_length"],
-        completion_length=p["completion_length"],
-        generation_batch=p["rows"],
-        **precision_setup(precision),
-        gradient_checkpointing=bool(settings["gradient_checkpointing"]),
-        sharding=args.sharding,
-        num_devices=args.num_devices,
+    estimate = estimate_memory(
+        config, estimate_setup(settings, p, precision, args.sharding, args.num_devices)
     )
-    estimate = estimate_memory(config, setup)
     c = estimate.components
     last = rounds[-1]  # the first round includes warm-up (allocator growth, kernel selection)
     est_update = sum(c[k] for k in ("weights", "gradients", "optimizer", "activations", "logits"))
@@ -634,6 +657,10 @@ def format_report(r: dict) -> str:
         "  estimate per component: "
         + ", ".join(f"{k} {v / gib:.3f}" for k, v in r["estimate_bytes"].items() if v)
     )
+    if r["estimate_bytes"].get("critic") or r["estimate_bytes"].get("reference"):
+        lines.append(
+            "  (the critic / reference model are in the estimate and its fit only: the check does not run them)"
+        )
     if "fits" in r:
         lines.append(
             f"  fits a {r['fits']['gpu_gib']} GiB GPU (estimate, 10% headroom): {r['fits']['estimate_fits']}"

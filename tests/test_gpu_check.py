@@ -2,6 +2,7 @@
 generation and update loops, exact state bytes next to the estimate, JSON + table); the GPU numbers themselves
 need a CUDA box."""
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -160,3 +161,27 @@ def test_vllm_generation_reports_device_wide_memory_and_releases_the_engine(gpu_
     assert tokens == 3 * 4 and seconds >= 0 and used == 70
     assert [len(r) for r in rows] == [4 + 2 + 1 + 2] * 3
     assert engines[0]() is None  # released before returning
+
+
+def test_the_estimate_counts_the_models_the_check_does_not_run(gpu_check):
+    """``fits`` speaks for the real run: the ragen2 profile's PPO with a separate critic needs the critic's
+    float32 states too (46.9 GiB for Qwen2.5-3B), although the check itself times the policy only."""
+    from llm_gym.trainer.memory import GIB, estimate_memory
+    from llm_gym.trainer.precision import decide_precision
+
+    config = json.loads(gpu_check.DEFAULT_CONFIG.read_text())
+    s = gpu_check.settings_from(gpu_check.load_profile("sokoban", "ragen2"), [])
+    precision = decide_precision(argparse.Namespace(dtype=s["dtype"], bf16=s["bf16"]), gpu=True)
+    p = gpu_check.plan(s, 512, 10**9)
+    setup = gpu_check.estimate_setup(s, p, precision)
+    assert (s["algo"], s["critic_model"]) == ("ppo", "separate") and setup.critic and setup.value_head
+    est = estimate_memory(config, setup)
+    assert est.components["critic"] / GIB > 40 and not setup.reference_model
+    grpo = gpu_check.estimate_setup(
+        gpu_check.settings_from(gpu_check.load_profile("sokoban"), []), p, precision
+    )
+    assert not grpo.critic and not grpo.value_head
+    kl = gpu_check.estimate_setup({**s, "algo": "grpo", "beta": 0.04}, p, precision)
+    assert kl.reference_model and not kl.critic
+    with pytest.raises(ValueError, match="algo"):
+        gpu_check.settings_from({}, ["algo=reinforce"])
