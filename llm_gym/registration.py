@@ -6,6 +6,7 @@ rewards, observation text or instructions change in a way that alters episodes f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -255,6 +256,32 @@ def pick_env_url(env_url: str | Sequence[str] | None, index: int) -> str | None:
 def list_envs() -> list[str]:
     """All registered llm-gym ids, in table order."""
     return [e.id for e in ENVS]
+
+
+@functools.cache
+def env_class(env_id: str) -> type:
+    """The class of an llm-gym id (``env_id`` must be in :data:`ENVS`; its entry point is imported)."""
+    from gymnasium.envs.registration import load_env_creator
+
+    entry = next(e for e in ENVS if e.id == check_trusted_env_id(env_id, "env_class"))
+    cls = load_env_creator(entry.entry_point)
+    if not isinstance(cls, type):
+        raise TypeError(f"{env_id}'s entry point {entry.entry_point!r} is not a class")
+    return cls
+
+
+@functools.cache
+def _env_defaults(env_id: str) -> tuple[tuple[str, Any], ...]:
+    from llm_gym.core.kwargs import kwarg_defaults
+
+    entry = next(e for e in ENVS if e.id == check_trusted_env_id(env_id, "env_defaults"))
+    return tuple({**kwarg_defaults(env_class(env_id)), **entry.kwargs}.items())
+
+
+def env_defaults(env_id: str) -> dict[str, Any]:
+    """The kwargs ``make_env(env_id)`` builds with when given none: the id's own kwargs over the constructor's
+    defaults (:func:`llm_gym.core.kwargs.kwarg_defaults`)."""
+    return dict(_env_defaults(env_id))
 
 
 def id_table(entries: tuple[EnvEntry, ...] | None = None) -> str:

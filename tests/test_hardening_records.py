@@ -270,10 +270,14 @@ def test_unavailable_hub_dataset_is_a_value_error_for_replay(monkeypatch):
         raise task_data.DatasetUnavailableError(f"could not load the dataset {name!r}")
 
     monkeypatch.setattr(task_data, "_load_hub", offline)
+    # a record may name the hub data set where it is the id's own default (MetaMathQA-v0's), not elsewhere
     rec = EpisodeRecord.from_dict(
-        {**GOOD, "env_id": "llmgym/MetaMathQASample-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}}
+        {**GOOD, "env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}}
     )
     with pytest.raises(ValueError, match="could not load the dataset"):
+        replay_episode(rec, draw=False)
+    rec = EpisodeRecord.from_dict({**rec.to_dict(), "env_id": "llmgym/MetaMathQASample-v0"})
+    with pytest.raises(ValueError, match="file paths are not taken from a record"):
         replay_episode(rec, draw=False)
 
 

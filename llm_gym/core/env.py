@@ -139,8 +139,24 @@ class TextEnv(gym.Env[str, str]):
     #: Name of the family's expert policy (:meth:`expert_move`), stored in every exported row; ``None``: no expert.
     expert_name: ClassVar[str | None] = None
     #: Constructor arguments that name a file or a hub data set, each with the values that name data bundled with
-    #: llm-gym (MetaMathQA: ``{"dataset": ("sample",)}``). ``llmgym serve`` takes only those values from a client.
+    #: llm-gym (MetaMathQA: ``{"dataset": ("sample",)}``). A replayed record and an ``llmgym serve`` client may ask
+    #: only for those values or the id's own default; any other data is the user's or the server operator's.
     data_kwargs: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: Constructor arguments that do not change how much work or memory a reset or step takes (turn and action
+    #: limits, reward values, presentation, answer rules): an ``llmgym serve`` client may set these. Every other
+    #: argument (how levels are generated, their size, solver budgets, data) stays the server operator's. A class
+    #: lists only its own; its bases' count too (:func:`llm_gym.core.kwargs.light_kwargs`).
+    light_kwargs: ClassVar[tuple[str, ...]] = (
+        "rewards",
+        "max_turns",
+        "max_actions_per_turn",
+        "max_actions",
+        "think",
+        "parse_mode",
+    )
+    #: Keys of ``reset(options=...)`` the env understands (a class lists its own; its bases' count too).
+    #: ``llmgym serve`` refuses any other key, so a misspelt option is an error, not an ignored one.
+    reset_options: ClassVar[tuple[str, ...]] = ("dynamics_seed",)
 
     def __init__(
         self,

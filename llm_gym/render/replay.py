@@ -9,7 +9,6 @@ text cards of the recorded observations instead of boards from a diverged env.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -18,7 +17,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.registration import make_env
@@ -67,31 +65,8 @@ def _short(value: Any, limit: int = 80) -> str:
     return short_repr(value, limit)
 
 
-#: Keyword arguments that name files or data sources. A record may carry only these values for them (bundled data,
-#: the defaults); any other value must come from the user (``env_kwargs=`` here, ``--env_kwargs`` on the command
-#: line), because a record is untrusted and a path in it could read any file (``/dev/zero``, ``../../etc/passwd``).
-FILE_KWARGS: dict[str, tuple[Any, ...]] = {
-    "level_file": (None, "sample"),
-    "dataset": (None, "sample", "meta-math/MetaMathQA", "Jiayi-Pan/Countdown-Tasks-3to4"),
-}
 #: Longest ``env_kwargs`` / ``reset_options`` a record may carry, in characters of JSON.
 RECORD_ARGS_MAX_CHARS = 1_000_000
-
-
-def _accepted_kwargs(cls: type) -> set[str]:
-    """Keyword names ``cls(...)`` takes: its ``__init__`` parameters and, through ``**kwargs``, its bases'."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        names |= {
-            p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
-        }
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names
 
 
 def _json_size(value: Any, what: str) -> None:
@@ -114,21 +89,24 @@ def replay_env_args(
     through here. The id must be one of llm-gym's own ids (``llmgym/Name-vN``): never Gymnasium's
     ``module:Id`` form, which imports ``module``, nor another package's id. Each kwarg must be one the env's
     constructor takes (``render_mode`` is dropped: frames are drawn off-screen), and the constructors bound every
-    size. File-valued kwargs (:data:`FILE_KWARGS`) are taken from the record only when they name bundled data;
-    other values must be given by the user in ``env_kwargs``, which also overrides the record's values.
+    size. Kwargs that name a file or a data set (the family's ``data_kwargs``, :mod:`llm_gym.core.kwargs`) are
+    taken from the record only when they name bundled data or the id's own default: a record is untrusted, and a
+    path in it could read any file (``/dev/zero``, ``../../etc/passwd``). Other values must be given by the user
+    in ``env_kwargs``, which also overrides the record's values.
 
     Raises:
         ValueError: saying what is not accepted and how to get past it when that is safe.
     """
-    from llm_gym.registration import ENVS, check_trusted_env_id
+    from llm_gym.core.kwargs import constructor_kwargs, data_kwargs, names_bundled_data
+    from llm_gym.registration import check_trusted_env_id, env_class, env_defaults
 
-    entries = {e.id: e for e in ENVS}
     try:
         env_id = check_trusted_env_id(record.env_id)
     except ValueError as e:
         raise ValueError(f"cannot make {_short(record.env_id)} to replay the record: {e}") from None
-    cls = load_env_creator(entries[env_id].entry_point)
-    accepted = _accepted_kwargs(cls) - {"render_mode"}
+    cls = env_class(env_id)
+    accepted = constructor_kwargs(cls) - {"render_mode"}
+    data, defaults = data_kwargs(cls), env_defaults(env_id)
     recorded = record.env_kwargs
     if not isinstance(recorded, Mapping):
         raise ValueError(f"the record's env_kwargs must be an object, got {type(recorded).__name__}")
@@ -143,7 +121,7 @@ def replay_env_args(
             raise ValueError(
                 f"the record passes {_short(key)} to {env_id}, which takes only: {', '.join(sorted(accepted))}"
             )
-        if key in FILE_KWARGS and not any(value == ok and type(value) is type(ok) for ok in FILE_KWARGS[key]):
+        if key in data and not names_bundled_data(value, data[key], defaults.get(key)):
             raise ValueError(
                 f"the record asks for {key}={_short(value)}; file paths are not taken from a record. To replay "
                 f'it, pass the file yourself: --env_kwargs \'{{"{key}": "PATH"}}\' on the command line '

@@ -119,6 +119,8 @@ class BanditEnv(TextEnv):
     action_sep = None
     turn_limit_terminates = True
     expert_name = "expected-value"
+    # arm_pairs (up to 1000 pairs of long names) stays the server operator's
+    light_kwargs = ("split", "high_risk_prob")
 
     def __init__(
         self,

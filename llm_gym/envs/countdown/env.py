@@ -296,6 +296,9 @@ class CountdownEnv(TextEnv):
     action_sep = None
     expert_name = "reference-solution"
     data_kwargs = {"dataset": ()}  # a file or hub id: nothing bundled
+    # num_count, the ranges and operators set the puzzle search's work; they stay the server operator's
+    light_kwargs = ("allow_unused", "index_by", "action_sep")
+    reset_options = ("index", "nums", "target")
 
     def __init__(
         self,

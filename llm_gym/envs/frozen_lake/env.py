@@ -188,6 +188,9 @@ class FrozenLakeEnv(TextEnv):
     )
     action_names = ACTIONS
     expert_name = "bfs-shortest-path"
+    # size, p and generator shape the map draw; they stay the server operator's
+    light_kwargs = ("success_rate", "observation_format", "observation_style")
+    reset_options = ("map",)
 
     def __init__(
         self,

@@ -100,6 +100,9 @@ class MetaMathQAEnv(TextEnv):
     obs_max_length = QUESTION_MAX_LENGTH + 64
     expert_name = "gold-answer"
     data_kwargs = {"dataset": ("sample",)}
+    # checker (math-verify grades with sympy) and split (another part of the data) stay the server operator's
+    light_kwargs = ("max_attempts", "strict", "action_sep")
+    reset_options = ("index",)
 
     def __init__(
         self,

@@ -166,6 +166,9 @@ class SokobanEnv(TextEnv):
     action_names = ACTIONS
     expert_name = "bfs-solver"
     data_kwargs = {"level_file": ("sample",)}
+    # room size, boxes, generator, search depth, solution lengths and the solver budget scale a reset's work
+    light_kwargs = ("observation_format", "observation_style", "vocab")
+    reset_options = ("level", "level_index")
 
     def __init__(
         self,
