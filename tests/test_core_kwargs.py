@@ -78,6 +78,44 @@ def test_bundled_data_values():
         assert not names_bundled_data(value, (), None), value
 
 
+# values a record or a client might name for a data kwarg
+DATA_VALUES = [
+    None,
+    "sample",
+    "/etc/passwd",
+    "meta-math/MetaMathQA",
+    "Jiayi-Pan/Countdown-Tasks-3to4",
+    "ragen",
+]
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_replay_and_the_server_accept_the_same_data_values(env_id):
+    pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
+    from llm_gym.serve.protocol import RequestError, check_env_kwargs
+
+    good = {"env_id": env_id, "seed": 0, "initial_observation": "x", "turns": []}
+    for key in data_kwargs(env_class(env_id)):
+        for value in DATA_VALUES:
+            try:
+                replay_env_args(EpisodeRecord.from_dict({**good, "env_kwargs": {key: value}}))
+                replay_ok = True
+            except ValueError as e:
+                assert "file paths are not taken from a record" in str(e)
+                replay_ok = False
+            try:
+                check_env_kwargs(env_id, {key: value})
+                server_ok = True
+            except RequestError as e:
+                assert e.status == 422 and "names a file or data set" in e.message
+                server_ok = False
+            assert replay_ok == server_ok, (key, value)
+            expected = names_bundled_data(
+                value, data_kwargs(env_class(env_id))[key], env_defaults(env_id)[key]
+            )
+            assert replay_ok == expected, (key, value)
+
+
 def test_replay_refuses_countdown_sample_which_names_no_bundled_data():
     # Countdown bundles no data: "sample" would be a file in the replaying folder or a hub id (it was taken)
     def record(env_id, kwargs):

@@ -10,6 +10,7 @@ messages, wrong token, full server).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -83,7 +84,19 @@ def test_reset_request_checks_every_field():
         422: [
             {"env_id": SOKOBAN, "env_kwargs": {"bogus": 1}},
             {"env_id": SOKOBAN, "env_kwargs": {"level_file": "/etc/passwd"}},
-            {"env_id": "llmgym/MetaMathQA-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}},
+            # a hub data set other than the id's own default
+            {"env_id": "llmgym/MetaMathQASample-v0", "env_kwargs": {"dataset": "meta-math/MetaMathQA"}},
+            # kwargs that scale a reset's work are the operator's (this one took 93 s and 2.4 GB per session)
+            {
+                "env_id": "llmgym/RagenSokoban-v0",
+                "env_kwargs": {"dim_room": [30, 30], "num_boxes": 10, "search_depth": 1000},
+            },
+            {"env_id": SOKOBAN, "env_kwargs": {"solver_max_states": 10_000_000}},
+            {"env_id": FL, "env_kwargs": {"size": 64}},
+            {"env_id": "llmgym/Countdown-v0", "env_kwargs": {"number_range": [0, 1000000]}},
+            # an option no env understands, another family's option
+            {"options": {"dynamics_sed": 1}},
+            {"env_id": SOKOBAN, "options": {"map": ["SG"]}},
             # Countdown bundles no data: its "sample" would be a file in the server's folder or a hub id
             {"env_id": "llmgym/Countdown-v0", "env_kwargs": {"dataset": "sample"}},
             {"env_id": SOKOBAN, "env_kwargs": {"render_mode": "human"}},
@@ -227,11 +240,50 @@ def test_operator_kwargs_must_be_taken_by_a_served_id():
     assert ServeConfig(env_ids=(SOKOBAN, "llmgym/MetaMathQA-v0"), env_kwargs={"dataset": "sample"}).env_kwargs
 
 
+def test_allowed_client_kwargs_must_be_taken_and_never_data():
+    assert ServeConfig(
+        env_ids=(SOKOBAN,), allow_client_kwargs=("search_depth", "search_depth")
+    ).allow_client_kwargs == ("search_depth",)
+    assert ServeConfig(env_ids=(SOKOBAN,), allow_client_kwargs=("all",)).allow_client_kwargs == ("all",)
+    for names, why in (
+        (("level_file",), "data and rendering"),
+        (("render_mode",), "data and rendering"),
+        (("sise",), "no served id"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            ServeConfig(env_ids=(SOKOBAN,), allow_client_kwargs=names)
+
+
+def test_ids_whose_default_data_is_a_hub_data_set_are_served_only_when_named(capsys):
+    from llm_gym.cli import build_parser
+    from llm_gym.serve.config import config_from_args
+
+    parser = build_parser()
+    served = config_from_args(parser.parse_args(["serve"])).env_ids
+    assert "llmgym/MetaMathQA-v0" not in served and "llmgym/MetaMathQARetry-v0" not in served
+    assert "llmgym/MetaMathQASample-v0" in served and SOKOBAN in served  # bundled or generated data
+    given = config_from_args(parser.parse_args(["serve", "--env_kwargs", '{"dataset": "sample"}']))
+    assert "llmgym/MetaMathQA-v0" in given.env_ids  # the operator gave its data
+    named = config_from_args(parser.parse_args(["serve", "--env", "MetaMathQA"])).env_ids
+    assert named == ("llmgym/MetaMathQA-v0",)  # the operator's choice
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    assert "hub data set" in " ".join(capsys.readouterr().out.split())
+
+
 def test_cli_refuses_an_open_address_without_a_token_and_unknown_ids(monkeypatch, capsys):
     from llm_gym.cli import main
 
     monkeypatch.delenv("LLMGYM_SERVE_TOKEN", raising=False)
-    for args in (["--host", "0.0.0.0"], ["--env", "CartPole-v1"], ["--env_kwargs", "[1]"], ["--port", "-5"]):
+    for args in (
+        ["--host", "0.0.0.0"],
+        ["--env", "CartPole-v1"],
+        ["--env_kwargs", "[1]"],
+        ["--port", "-5"],
+        ["--allow_client_kwargs", "dataset"],
+        ["--max_concurrent_resets", "0"],
+        ["--shutdown_timeout", "-1"],
+    ):
         assert main(["serve", *args]) == 2, args  # refused before binding anything
         err = capsys.readouterr().err
         assert err.startswith("llmgym serve: error:") and "Traceback" not in err
@@ -244,9 +296,87 @@ def test_remote_id_is_registered_but_never_trusted_from_a_record():
 
 
 # --------------------------------------------------------------------------------------- over the wire
+def test_clients_set_light_kwargs_and_only_repeat_the_servers_others():
+    def kwargs(env_id, env_kwargs, **kw):
+        return check_reset_request({"env_id": env_id, "env_kwargs": env_kwargs}, served=SERVED, **kw)[1]
+
+    ragen = "llmgym/RagenSokoban-v0"
+    light = {
+        "max_turns": 2,
+        "max_actions": 4,
+        "think": False,
+        "parse_mode": "ragen",
+        "observation_format": "grid_coord",
+    }
+    assert kwargs(SOKOBAN, light) == light
+    # a work-scaling kwarg at the value the server uses anyway (the id's own, a tuple default as a list) is fine
+    assert (
+        kwargs(ragen, {"search_depth": 300, "generator": "ragen", "dim_room": [6, 6]})["search_depth"] == 300
+    )
+    with pytest.raises(RequestError, match="--allow_client_kwargs search_depth") as err:
+        kwargs(ragen, {"search_depth": 1000})
+    assert (
+        "this server uses 300" in err.value.message and "max_turns" in err.value.message
+    )  # what a client may set
+    # the operator's value instead, which clients may repeat; or the operator lets clients choose
+    fixed = {"generator": "ragen", "search_depth": 300}
+    assert kwargs(SOKOBAN, fixed, fixed_kwargs=fixed) == fixed
+    with pytest.raises(RequestError, match="fixed by the server"):
+        kwargs(SOKOBAN, {"search_depth": 30}, fixed_kwargs=fixed)
+    assert kwargs(ragen, {"search_depth": 30}, allow=("search_depth",))["search_depth"] == 30
+    assert kwargs(ragen, {"dim_room": [7, 7], "num_boxes": 2}, allow=("all",))["num_boxes"] == 2
+    with pytest.raises(
+        RequestError, match="names a file or data set"
+    ):  # data stays the operator's, even with all
+        kwargs("llmgym/MetaMathQA-v0", {"dataset": "/etc/passwd"}, allow=("all",))
+    # each family's documented reset options travel; nothing else does
+    for env_id, options in (
+        (FL, {"map": ["SF", "FG"], "dynamics_seed": 2}),
+        (SOKOBAN, {"level": "#####\n#@$.#\n#####"}),
+        ("llmgym/SokobanFile-v0", {"level_index": 0}),
+        ("llmgym/Countdown-v0", {"nums": [1, 2], "target": 3}),
+        ("llmgym/MetaMathQASample-v0", {"index": 1}),
+    ):
+        assert check_reset_request({"env_id": env_id, "options": options}, served=SERVED)[3] == options
+    with pytest.raises(RequestError, match="does not take the option 'index'"):
+        check_reset_request({"env_id": FL, "options": {"index": 1}}, served=SERVED)
+
+
+PROFILES = ROOT / "trainer" / "profiles"
+
+
+@pytest.mark.parametrize(
+    "profile", sorted(p.relative_to(PROFILES).as_posix() for p in PROFILES.glob("*/[!_]*.yaml"))
+)
+def test_every_profiles_env_kwargs_work_on_a_server_started_with_its_heavy_ones(profile):
+    """The recipe docs/serving.md gives: the operator starts the server with the run's kwargs that clients may not
+    set (RAGEN's generator, search depth, data), the run sends all of its kwargs, and the server takes them."""
+    import yaml
+
+    from llm_gym.registration import resolve_env_id
+    from llm_gym.serve.protocol import changed_kwargs, client_settable
+
+    common = PROFILES / profile.split("/")[0] / "_common.yaml"
+    settings = {**(yaml.safe_load(common.read_text()) if common.exists() else {})}
+    settings.update(yaml.safe_load((PROFILES / profile).read_text()))
+    env_id = resolve_env_id(settings["env"])
+    # what LLMGymGRPOConfig.make_env_kwargs sends: the turn/action limits and think, then env_kwargs
+    run = {
+        k: settings[k] for k in ("max_turns", "max_actions_per_turn", "max_actions", "think") if k in settings
+    }
+    run.update(settings.get("env_kwargs") or {})
+    operator = {k: v for k, v in run.items() if k not in client_settable(env_id)}
+    assert set(operator) <= {"generator", "search_depth", "dataset"}, operator  # light: everything else
+    served = (env_id,)
+    _, kwargs, _, _ = check_reset_request(
+        {"env_id": env_id, "env_kwargs": run}, served=served, fixed_kwargs=operator
+    )
+    assert kwargs == run and set(changed_kwargs(env_id, operator)) <= set(run)
+
+
 @pytest.fixture(scope="module")
 def server():
-    with running_server() as s:  # every registered id
+    with running_server("--env", ",".join(ALL_IDS)) as s:  # every registered id, named (hub-data ids too)
         yield s
 
 
@@ -355,6 +485,18 @@ def test_unknown_ids_and_bad_kwargs_are_clear_4xx(server):
     assert err.value.status == 422 and "max_turns" in str(err.value)
     with pytest.raises(ValueError, match="not an llm-gym id"):  # refused before anything is sent
         gym.make("llmgym/Remote-v0", url=server.url, env_id="CartPole-v1")
+    # the reset measured at 93 s and 2.4 GB per session: refused before any work
+    heavy = {"dim_room": [30, 30], "num_boxes": 10, "search_depth": 1000, "solver_max_states": 10_000_000}
+    t0 = time.monotonic()
+    with pytest.raises(RemoteRequestError, match="server operator's") as err:
+        gym.make("llmgym/Remote-v0", url=server.url, env_id="llmgym/RagenSokoban-v0", env_kwargs=heavy)
+    assert err.value.status == 422 and time.monotonic() - t0 < 10
+    env = gym.make("llmgym/Remote-v0", url=server.url, env_id=SOKOBAN)
+    with pytest.raises(RemoteRequestError, match="does not take the option 'dynamics_sed'"):
+        env.reset(
+            seed=1, options={"dynamics_sed": 1}
+        )  # a local env would ignore it: a group without its seeds
+    env.close()
 
 
 def test_oversized_action_is_a_413_and_the_session_goes_on(server):
@@ -516,6 +658,49 @@ def test_server_killed_and_restarted_gives_a_clear_error_then_a_new_session():
         s.stop()
 
 
+def _open_room(width: int, height: int, boxes: int) -> str:
+    """An XSB level: an empty room, boxes and goals far apart (the solver searches a large space)."""
+    rows = (
+        [list("#" * width)]
+        + [list("#" + " " * (width - 2) + "#") for _ in range(height - 2)]
+        + [list("#" * width)]
+    )
+    rows[1][1] = "@"
+    for i in range(boxes):
+        rows[3 + 2 * i][3 + i], rows[height - 3 - i][width - 3 - 2 * i] = "$", "."
+    return "\n".join("".join(r) for r in rows)
+
+
+@pytest.mark.slow  # two server processes, each stopped mid-reset: ~15 s
+def test_a_stop_is_bounded_while_a_long_reset_runs_and_sessions_hear_why():
+    # The operator's solver budget lets a level given in options run for minutes; a stop must not wait for it.
+    operator = json.dumps({"solver_max_states": 10_000_000})
+    long_reset = {
+        "type": "reset",
+        "data": {"seed": 1, "env_id": SOKOBAN, "options": {"level": _open_room(40, 40, 5)}},
+    }
+    for signals, grace, bound in (([signal.SIGTERM], "1", 10.0), ([signal.SIGINT, signal.SIGINT], "60", 5.0)):
+        s = start_server("--env", SOKOBAN, "--env_kwargs", operator, "--shutdown_timeout", grace)
+        try:
+            other = gym.make("llmgym/Remote-v0", url=s.url, env_id=SOKOBAN)
+            other.reset(seed=2)
+            with _raw_session(s.url) as ws:
+                ws.send(json.dumps(long_reset))
+                time.sleep(1.5)  # the solver is running in the session's thread
+                t0 = time.monotonic()
+                for sig in signals:  # one signal: a graceful stop within --shutdown_timeout; two: at once
+                    s.proc.send_signal(sig)
+                    time.sleep(0.3)
+                s.proc.wait(timeout=30)
+                assert time.monotonic() - t0 < bound, signals
+            if len(signals) == 1:  # a graceful stop closes every session with 1012: clients say so
+                with pytest.raises(RemoteEnvError, match="server is stopping or restarting"):
+                    other.step("<think>.</think><answer>Up</answer>")
+            other.close()
+        finally:
+            s.kill()
+
+
 def test_idle_client_is_expired_and_full_server_refuses_clearly():
     with running_server("--env", FL, "--idle_timeout", "1", "--max_sessions", "2") as s:
         a = gym.make("llmgym/Remote-v0", url=s.url, env_id=FL)
@@ -536,6 +721,94 @@ def test_idle_client_is_expired_and_full_server_refuses_clearly():
 
 
 # ------------------------------------------------------------------------------------ our loops remote
+#: What ``llmgym-train --profile ragen2 --env Sokoban`` sends (trainer/profiles/ragen2/sokoban.yaml), max_turns cut
+RAGEN_RUN = {
+    "max_turns": 2,
+    "generator": "ragen",
+    "search_depth": 300,
+    "observation_format": "grid_coord",
+    "observation_style": "ragen",
+    "parse_mode": "ragen",
+}
+
+
+@pytest.fixture(scope="module")
+def ragen_server():
+    """A server set up for RAGEN-2's Sokoban runs: the operator fixes RAGEN's generator (clients may not choose a
+    generator or its search depth), and holds 4 sessions."""
+    fixed = json.dumps({"generator": "ragen", "search_depth": 300})
+    with running_server("--env", f"{SOKOBAN},{FL}", "--env_kwargs", fixed, "--max_sessions", "4") as s:
+        yield s
+
+
+def test_runs_check_kwargs_and_room_on_every_server_before_the_model_loads(ragen_server, server):
+    from llm_gym.agent.rollout import rollout
+    from llm_gym.serve.client import check_servers
+
+    url = ragen_server.url
+    check_servers([url], [SOKOBAN], RAGEN_RUN, sessions=4, command="x")
+    check_servers([url, url], [SOKOBAN], RAGEN_RUN, sessions=8, command="x")  # 4 on each
+    with pytest.raises(ValueError, match="llmgym serve --max_sessions 5 or more"):
+        check_servers([url], [SOKOBAN], RAGEN_RUN, sessions=5, command="x")
+    # a run that leaves out what the operator fixed would record kwargs that replay to other episodes
+    with pytest.raises(ValueError, match='generator="ragen", search_depth=300') as err:
+        check_servers([url], [SOKOBAN], {"max_turns": 2}, sessions=1, command="x")
+    assert '--env_kwargs \'{"max_turns": 2, "generator": "ragen", "search_depth": 300}\'' in str(err.value)
+    # a server whose operator fixed nothing refuses RAGEN's generator from a client, naming the way out
+    with pytest.raises(RemoteRequestError, match="--allow_client_kwargs generator"):
+        check_servers([server.url], [SOKOBAN], RAGEN_RUN, sessions=1, command="x")
+
+    def policy(batch):
+        return ["<think>.</think><answer>Up || Left</answer>"] * len(batch)
+
+    remote = rollout(SOKOBAN, [5, 6], policy, env_kwargs=RAGEN_RUN, env_url=[url])
+    local = rollout(SOKOBAN, [5, 6], policy, env_kwargs=RAGEN_RUN)
+    assert [_norm(r.to_dict()) for r in remote] == [_norm(r.to_dict()) for r in local]
+    assert ragen_server.wait_open_envs(0) == 0
+
+
+def test_eval_refuses_a_batch_the_server_cannot_hold_before_the_model_loads(ragen_server, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from llm_gym.trainer.evaluate import main
+
+    argv = [
+        "--model",
+        "m",
+        "--env",
+        "Sokoban",
+        "--env_kwargs",
+        json.dumps(RAGEN_RUN),
+        "--env_url",
+        ragen_server.url,
+    ]
+    assert main([*argv, "--batch_size", "6", "--num_seeds", "10", "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "plays up to 6 episodes at once" in err and "--max_sessions 6" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_refuses_a_round_the_server_cannot_hold_before_the_model_loads(
+    ragen_server, tiny_dir, tmp_path, capsys
+):
+    from llm_gym.trainer import cli as train_cli
+
+    argv = [
+        "--env",
+        "Sokoban",
+        "--model",
+        str(tiny_dir),
+        "-o",
+        str(tmp_path / "o"),
+        "--env_url",
+        ragen_server.url,
+    ]
+    argv += ["--env_kwargs", json.dumps(RAGEN_RUN), "--num_prompts", "2", "--num_generations", "4"]
+    assert train_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "plays up to 8 episodes at once" in err and "--max_sessions 8" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_agent_rollout_records_are_identical_over_several_servers(server):
     from llm_gym.agent.rollout import rollout
 
@@ -660,6 +933,37 @@ def test_guard_bounds_a_slow_request_and_expires_an_idle_session():
         _guard(slow_http_app, request_timeout_s=0.2), http, [{"type": "http.request", "body": b"{}"}]
     )
     assert sent[0]["status"] == 504
+
+
+def test_resets_wait_for_a_slot_and_give_up_within_the_request_bound():
+    import threading
+
+    from llm_gym.serve.server import _Runtime
+
+    runtime = _Runtime(ServeConfig(env_ids=(FL,), max_concurrent_resets=2, request_timeout_s=0.3))
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def reset():
+        with runtime.reset_slot():
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=reset) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert peak[0] == 2  # never more than max_concurrent_resets at once, and every one ran
+    with runtime.reset_slot(), runtime.reset_slot():  # both slots taken: the next request waits, then a 503
+        t0 = time.monotonic()
+        with pytest.raises(RequestError) as err:
+            with runtime.reset_slot():
+                pass
+        assert err.value.status == 503 and 0.25 < time.monotonic() - t0 < 5
 
 
 def test_guard_refuses_before_the_app_sees_anything():

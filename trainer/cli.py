@@ -577,11 +577,22 @@ def _check_env(config: Any) -> None:
     (``--env_kwargs '{"bogus": 1}'``) is a usage error now rather than a traceback after the model loaded."""
     from llm_gym.registration import make_env
 
-    for url in getattr(config, "env_url", None) or [None]:  # every server of --env_url serves it too
-        try:
-            make_env(config.env, config.make_env_kwargs(), env_url=url).close()
-        except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
-            raise ValueError(str(e)) from None
+    if not getattr(config, "env_url", None):
+        make_env(config.env, config.make_env_kwargs()).close()
+        return
+    from llm_gym.serve.client import check_servers
+
+    # sessions open at once: a round's episodes (generation_batch_size, over all processes) or an evaluation batch
+    evals = config.num_eval_seeds * (config.num_generations_eval or 1)
+    at_once = max(
+        config.generation_batch_size, min(evals, config.per_device_eval_batch_size * config.world_size)
+    )
+    try:  # every server serves the id as a local run would play it, with room for the run's sessions
+        check_servers(
+            config.env_url, [config.env], config.make_env_kwargs(), sessions=at_once, command="llmgym-train"
+        )
+    except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
+        raise ValueError(str(e)) from None
 
 
 def _os_error(e: OSError) -> str:

@@ -459,12 +459,18 @@ def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[
     from llm_gym.registration import make_env
 
     # an unknown or out-of-range kwarg fails now, not after the weights loaded (on every --env_url server too)
-    for url in parse_env_urls(getattr(a, "env_url", None)) or [None]:
+    urls = parse_env_urls(getattr(a, "env_url", None))
+    if not urls:
         for env_id in env_ids:
-            try:
-                make_env(env_id, env_kwargs, env_url=url).close()
-            except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
-                raise ValueError(str(e)) from None
+            make_env(env_id, env_kwargs).close()
+    else:
+        from llm_gym.serve.client import check_servers
+
+        at_once = min(a.batch_size, a.num_seeds * a.samples_per_seed)  # one batch of episodes at a time
+        try:  # served as a local run would play them, with room for a batch's sessions
+            check_servers(urls, env_ids, env_kwargs, sessions=at_once, command="llmgym-eval")
+        except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
+            raise ValueError(str(e)) from None
     ks = sorted(set(a.k or [1, a.samples_per_seed]))
     if any(k < 1 or k > a.samples_per_seed for k in ks):
         raise ValueError(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,7 +30,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from llm_gym.core.checks import is_number
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.registration import check_seed, check_trusted_env_id, resolve_env_id
 from llm_gym.serve.protocol import (
     CLOSE_IDLE,
@@ -97,6 +98,46 @@ def _status_of(message: str) -> int | None:
     return None
 
 
+def _http_json(
+    base: str, path: str, body: dict[str, Any] | None = None, *, token: str | None, timeout_s: float
+) -> dict[str, Any]:
+    """``GET`` (or ``POST body``) ``base + path`` and the JSON object it answers; every failure is a
+    :class:`RemoteEnvError` (unreachable, 401, 5xx, not JSON) or a :class:`RemoteRequestError` (another 4xx)."""
+    from llm_gym.serve.config import is_loopback
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(base + path, data=data, headers=headers, method="POST" if data else "GET")
+    host = urllib.parse.urlsplit(base).hostname or ""
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if is_loopback(host) else []))
+    try:
+        with opener.open(req, timeout=timeout_s) as resp:
+            raw = resp.read(MAX_REPLY_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        text = _error_text(e.read(1 << 16))
+        if e.code == 401:
+            raise RemoteEnvError(f"{base} refused the token (HTTP 401): {text}") from None
+        if 400 <= e.code < 500:
+            raise RemoteRequestError(e.code, f"{base}: {text}") from None
+        raise RemoteEnvError(f"{base}{path} failed (HTTP {e.code}): {text}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise RemoteEnvError(
+            f"cannot reach the env server at {base}: {reason} (is llmgym serve running?)"
+        ) from None
+    if len(raw) > MAX_REPLY_BYTES:
+        raise RemoteEnvError(f"{base}{path}: reply over {MAX_REPLY_BYTES} bytes")
+    try:
+        out = json.loads(raw)
+    except ValueError:
+        raise RemoteEnvError(f"{base}{path}: the reply is not JSON") from None
+    if not isinstance(out, dict):
+        raise RemoteEnvError(f"{base}{path}: the reply is not a JSON object")
+    return out
+
+
 class RemoteEnv(gym.Env[str, str]):
     """An llm-gym environment played on a server (``llmgym serve``) through one WebSocket session.
 
@@ -151,50 +192,28 @@ class RemoteEnv(gym.Env[str, str]):
             if not isinstance(attrs, dict) or not isinstance(limits, dict):
                 raise ValueError("attributes and limits must be objects")
             self._ws_max_bytes = min(int(limits.get("ws_max_bytes", 1 << 20)) * 4, MAX_REPLY_BYTES)
+            fixed = desc.get("fixed_kwargs", {})
+            if not isinstance(fixed, dict):
+                raise ValueError("fixed_kwargs must be an object")
         except (KeyError, TypeError, ValueError) as e:
             raise RemoteEnvError(f"{self.url} gave a describe reply this client cannot use: {e}") from None
         self._attrs: dict[str, Any] = dict(attrs)
+        #: kwargs the server's operator fixed for this id to values other than its defaults: the episodes are
+        #: those of ``env_id`` made with these too (whatever ``env_kwargs`` says).
+        self.server_kwargs: dict[str, Any] = dict(fixed)
 
     # ------------------------------------------------------------------------------------------ transport
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     def _describe(self) -> dict[str, Any]:
-        body = json.dumps({"env_id": self.env_id, "env_kwargs": self.env_kwargs}).encode()
-        req = urllib.request.Request(
-            self.url + "/llmgym/describe",
-            data=body,
-            headers={"Content-Type": "application/json", **self._headers()},
-            method="POST",
+        return _http_json(
+            self.url,
+            "/llmgym/describe",
+            {"env_id": self.env_id, "env_kwargs": self.env_kwargs},
+            token=self._token,
+            timeout_s=self.connect_timeout_s + self.request_timeout_s,
         )
-        handlers = [urllib.request.ProxyHandler({})] if self._loopback else []
-        opener = urllib.request.build_opener(*handlers)
-        try:
-            with opener.open(req, timeout=self.connect_timeout_s + self.request_timeout_s) as resp:
-                raw = resp.read(MAX_REPLY_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            text = _error_text(e.read(1 << 16))
-            if e.code == 401:
-                raise RemoteEnvError(f"{self.url} refused the token (HTTP 401): {text}") from None
-            if 400 <= e.code < 500:
-                raise RemoteRequestError(e.code, f"{self.url}: {text}") from None
-            raise RemoteEnvError(
-                f"{self.url} failed to describe {self.env_id} (HTTP {e.code}): {text}"
-            ) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise RemoteEnvError(
-                f"cannot reach the env server at {self.url}: {reason} (is llmgym serve running?)"
-            ) from None
-        if len(raw) > MAX_REPLY_BYTES:
-            raise RemoteEnvError(f"{self.url}: describe reply over {MAX_REPLY_BYTES} bytes")
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise RemoteEnvError(f"{self.url}: describe reply is not JSON") from None
-        if not isinstance(data, dict):
-            raise RemoteEnvError(f"{self.url}: describe reply is not a JSON object")
-        return data
 
     def _connect(self) -> None:
         try:
@@ -245,6 +264,11 @@ class RemoteEnv(gym.Env[str, str]):
                 why = f"the server closed the session: a request took too long ({rcvd.reason})"
             elif rcvd is not None and rcvd.code == 1009:
                 why = "the server closed the session: a message was over its size limit"
+            elif rcvd is not None and rcvd.code in (
+                1001,
+                1012,
+            ):  # going away, service restart: a graceful stop
+                why = f"the server is stopping or restarting (it closed the session, code {rcvd.code})"
             elif rcvd is None:
                 why = "the connection was lost (server stopped or restarted?)"
             else:
@@ -385,3 +409,67 @@ class RemoteEnv(gym.Env[str, str]):
 
     def __repr__(self) -> str:
         return f"<RemoteEnv {self.env_id} at {self.url}>"
+
+
+# ------------------------------------------------------------------------------------- before a run starts
+def server_status(url: str, *, token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """A server's ``GET /llmgym/status``: served ids, limits (``max_sessions`` ...) and live counters."""
+    base, url_token, _ = _split_url(url)
+    token = token or url_token or os.environ.get("LLMGYM_SERVE_TOKEN") or None
+    return _http_json(base, "/llmgym/status", token=token, timeout_s=timeout_s)
+
+
+def sessions_per_server(sessions: int, servers: int) -> int:
+    """The most sessions one server holds when ``sessions`` episodes played at once use ``servers`` servers in
+    turn (:func:`llm_gym.registration.pick_env_url`)."""
+    return -(-max(0, sessions) // max(1, servers))
+
+
+def check_servers(
+    urls: list[str], env_ids: list[str], env_kwargs: dict[str, Any], *, sessions: int, command: str
+) -> None:
+    """What ``llmgym-train`` / ``llmgym-eval --env_url`` check before the model loads, so that a run does not fail
+    at its first round or halfway through:
+
+    * every server serves each id with ``env_kwargs`` (the server's 4xx otherwise: :class:`RemoteRequestError`);
+    * no server fixes a kwarg the run does not set (its episodes would not be those of a local run with the run's
+      settings, and the records, which store the run's kwargs, would not replay to them);
+    * every server allows the sessions the run opens at once: ``sessions`` episodes spread over ``urls`` in turn,
+      at most ``max_sessions`` each (a full server refuses a session mid-run with ``CAPACITY_REACHED``).
+
+    Raises:
+        ValueError: a usage error naming what to change (``RemoteRequestError`` is one).
+        RemoteEnvError: a server cannot be reached or refused the token.
+    """
+    need = sessions_per_server(sessions, len(urls))
+    for url in urls:
+        for env_id in env_ids:
+            env = RemoteEnv(url, env_id, env_kwargs)  # describes the id: nothing is opened on the server
+            env.close()
+            extra = {k: v for k, v in env.server_kwargs.items() if k not in env_kwargs}
+            if extra:
+                fixed = ", ".join(f"{k}={json.dumps(v)}" for k, v in extra.items())
+                raise ValueError(
+                    f"{url} plays {env_id} with {fixed} (its operator's --env_kwargs), which this run does not "
+                    "set: the episodes would differ from a local run with the same settings and the records would "
+                    f"not replay. Set the same in the run: --env_kwargs '{json.dumps({**env_kwargs, **extra})}'"
+                )
+        status = server_status(url)
+        limits = status.get("limits")
+        limit = limits.get("max_sessions") if isinstance(limits, dict) else None
+        if not is_int(limit, numpy=False):
+            raise RemoteEnvError(f"{url}/llmgym/status does not say its max_sessions")
+        if need > limit:
+            spread = f" ({need} on each of {len(urls)} servers)" if len(urls) > 1 else ""
+            raise ValueError(
+                f"{command} plays up to {sessions} episodes at once{spread}, but {url} allows {limit} sessions "
+                f"(a full server refuses the next one mid-run): start it with llmgym serve --max_sessions {need} "
+                "or more, or spread the run over more servers (--env_url URL URL ...)"
+            )
+        open_now = status.get("open_envs")
+        if is_int(open_now, numpy=False) and need > limit - open_now:
+            print(
+                f"{command}: warning: {url} has {open_now} of its {limit} sessions open now; this run needs {need} "
+                "at once and fails mid-run if the others stay open",
+                file=sys.stderr,
+            )

@@ -4,13 +4,14 @@ Both sides use these functions: the server to check every request field and to d
 client (:mod:`llm_gym.serve.client`) to rebuild spaces and attributes. Everything a request carries is data:
 an id must be one of llm-gym's own (the :data:`~llm_gym.registration.ENVS` table, never Gymnasium's
 ``module:Id`` form, which imports ``module``), kwargs must be constructor parameters of that id's class with
-JSON values, and a kwarg that names a file or a hub data set is the server operator's choice, not a client's.
+JSON values, and a kwarg that names a file or a hub data set, or that scales the work or memory of a reset (room
+size, solver budget, generator, ...), is the server operator's choice, not a client's: a client sets only an env's
+light kwargs (``TextEnv.light_kwargs``, through :mod:`llm_gym.core.kwargs`) unless the operator allows more.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -19,8 +20,15 @@ import gymnasium as gym
 
 from llm_gym.core.checks import is_int
 from llm_gym.core.env import ACTION_MAX_LENGTH
+from llm_gym.core.kwargs import (
+    constructor_kwargs,
+    data_kwargs,
+    light_kwargs,
+    names_bundled_data,
+    reset_options,
+)
 from llm_gym.core.spaces import AnyText
-from llm_gym.registration import check_seed, check_trusted_env_id
+from llm_gym.registration import check_seed, check_trusted_env_id, env_class, env_defaults, short_repr
 
 #: Protocol version, reported by ``/llmgym/describe`` and checked by the client (bumped on incompatible changes).
 PROTOCOL_VERSION = 1
@@ -36,11 +44,17 @@ DEFAULT_IDLE_TIMEOUT_S = 300.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 #: Longest HTTP request body (the stateless OpenEnv endpoints and ``/llmgym/describe``).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Resets (and env builds) that run at once; the others wait their turn within the request time bound. A reset
+#: is where an env's work and memory go (a Sokoban level given in ``options`` is solved: 2-3 s and ~50 MB at the
+#: default solver budget), so this bounds the server's peak memory whatever the number of sessions.
+DEFAULT_MAX_CONCURRENT_RESETS = 4
+#: On SIGINT / SIGTERM the server closes every session (code 1012) and waits this long for running resets and
+#: steps before it exits anyway; a second signal exits at once.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 #: Keys of a reset request besides OpenEnv's own ``seed`` and ``episode_id``.
 RESET_KEYS = ("env_id", "env_kwargs", "options")
-#: Constructor kwargs that always name a file or a hub data set, besides those a family declares
-#: (``TextEnv.data_kwargs``): a client may pass only the values the family bundles (``"sample"``).
-RESOURCE_KWARGS = ("dataset", "level_file")
+#: ``llmgym serve --allow_client_kwargs all``: clients may set every constructor kwarg but data and render_mode.
+ALL_KWARGS = "all"
 #: Constructor kwargs a client may never pass (the server never renders).
 SERVER_ONLY_KWARGS = ("render_mode",)
 #: Longest JSON text of a client's ``env_kwargs`` or ``options``.
@@ -113,51 +127,67 @@ def _json_size(value: Any) -> int:
 
 
 # --------------------------------------------------------------------------------------------- requests
-def _env_class(env_id: str) -> type | None:
-    entry = gym.spec(env_id).entry_point
-    if not isinstance(entry, str) or ":" not in entry:
-        return None
-    module, _, name = entry.partition(":")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-def bundled_data(env_id: str) -> dict[str, tuple[str, ...]]:
-    """The data-naming kwargs of ``env_id``'s class, each with the values that name bundled data: the family's
-    ``data_kwargs`` plus :data:`RESOURCE_KWARGS` (nothing bundled unless the family says so)."""
-    declared = dict(getattr(_env_class(env_id), "data_kwargs", None) or {})
-    return {**dict.fromkeys(RESOURCE_KWARGS, ()), **{k: tuple(v) for k, v in declared.items()}}
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON data (a tuple default equals the list a client sends); a default that is not JSON data
+    equals nothing a client can send."""
+    try:
+        return jsonable(a) == jsonable(b)
+    except ValueError:
+        return False
 
 
-def constructor_parameters(env_id: str) -> tuple[set[str], bool]:
-    """The keyword parameters the class of ``env_id`` takes (following ``**kwargs`` up the class chain), and
-    whether it swallows unknown keywords anyway (a class whose chain ends in ``**kwargs``)."""
-    cls = _env_class(env_id)
-    if cls is None:
-        return set(), True
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        names.update(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            names.discard("self")
-            return names, False
-        if klass is gym.Env:
-            break
-    names.discard("self")
-    return names, True
+def operator_kwargs(env_id: str, fixed: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The operator's kwargs (``llmgym serve --env_kwargs``) that ``env_id`` takes."""
+    taken = constructor_kwargs(env_class(env_id))
+    return {k: v for k, v in dict(fixed or {}).items() if k in taken}
+
+
+def changed_kwargs(env_id: str, fixed: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The operator's kwargs for ``env_id`` whose values differ from the id's own defaults: a client that does not
+    pass them plays episodes that a local env made with the client's kwargs would not give."""
+    defaults = env_defaults(env_id)
+    return {
+        k: v
+        for k, v in operator_kwargs(env_id, fixed).items()
+        if k not in defaults or not _same(v, defaults[k])
+    }
+
+
+def external_data(env_id: str, fixed: Mapping[str, Any] | None = None) -> list[str]:
+    """The data kwargs of ``env_id`` whose default reads data llm-gym does not bundle (MetaMathQA-v0's hub data
+    set) and that the operator did not set: serving the id would let any client start that download."""
+    cls = env_class(env_id)
+    defaults, given = env_defaults(env_id), operator_kwargs(env_id, fixed)
+    return [
+        k
+        for k, bundled in data_kwargs(cls).items()
+        if k not in given and defaults.get(k) is not None and defaults.get(k) not in bundled
+    ]
+
+
+def client_settable(env_id: str, allow: tuple[str, ...] = ()) -> frozenset[str]:
+    """The kwargs of ``env_id`` a client may set to any value: the class's light kwargs (which do not scale a reset's
+    work or memory), plus those the operator allowed (``--allow_client_kwargs``; ``all``: every kwarg but data and
+    ``render_mode``)."""
+    cls = env_class(env_id)
+    taken = constructor_kwargs(cls) - set(data_kwargs(cls)) - set(SERVER_ONLY_KWARGS)
+    widened = taken if ALL_KWARGS in allow else taken & set(allow)
+    return light_kwargs(cls) | widened
 
 
 def check_env_kwargs(
-    env_id: str, env_kwargs: Any, *, fixed: Mapping[str, Any] | None = None
+    env_id: str,
+    env_kwargs: Any,
+    *,
+    fixed: Mapping[str, Any] | None = None,
+    allow: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A client's ``env_kwargs`` for ``env_id`` if every key is a constructor parameter and every value JSON data,
-    else :class:`RequestError` (422). ``fixed``: kwargs the operator set (``llmgym serve --env_kwargs``), which a
-    client may repeat but not change."""
+    """A client's ``env_kwargs`` for ``env_id``, checked, else :class:`RequestError` (422, 413 when too long).
+
+    Every key must be a constructor parameter and every value JSON data. A client may set the id's light kwargs
+    (and those in ``allow``) to any value; every other kwarg only to the value the server uses anyway (``fixed``,
+    the operator's ``llmgym serve --env_kwargs``, else the id's default), so no request makes the server's work
+    or memory grow; a data kwarg may also name data the family bundles (``"sample"``)."""
     if env_kwargs is None:
         return {}
     if not isinstance(env_kwargs, Mapping):
@@ -168,7 +198,8 @@ def check_env_kwargs(
         raise RequestError(422, f"env_kwargs must be JSON data: {e}") from None
     if _json_size(kwargs) > MAX_KWARGS_JSON_CHARS:
         raise RequestError(413, f"env_kwargs is longer than {MAX_KWARGS_JSON_CHARS} characters of JSON")
-    known, _ = constructor_parameters(env_id)
+    cls = env_class(env_id)
+    known = constructor_kwargs(cls)
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
         raise RequestError(
@@ -176,21 +207,58 @@ def check_env_kwargs(
             f"{env_id} does not take {', '.join(map(repr, unknown))}; its constructor takes "
             f"{', '.join(sorted(known - set(SERVER_ONLY_KWARGS)))}",
         )
-    fixed = dict(fixed or {})
-    data = bundled_data(env_id)
+    fixed = operator_kwargs(env_id, fixed)
+    data = data_kwargs(cls)
+    free = client_settable(env_id, allow)
+    defaults = env_defaults(env_id)
     for key, value in kwargs.items():
-        if key in fixed and fixed[key] != value:
-            raise RequestError(422, f"{key} is fixed by the server to {fixed[key]!r}")
         if key in SERVER_ONLY_KWARGS:
             raise RequestError(422, f"{key} cannot be set by a client (the server never renders)")
-        if key in data and key not in fixed and value not in data[key]:
-            bundled = " or ".join(map(repr, data[key])) or "nothing (none is bundled)"
+        if key in fixed:
+            if not _same(fixed[key], value):
+                raise RequestError(422, f"{key} is fixed by the server to {short_repr(fixed[key])}")
+        elif key in data:
+            if not names_bundled_data(value, data[key], defaults.get(key)):
+                bundled = " or ".join(map(repr, data[key])) or "nothing (none is bundled)"
+                raise RequestError(
+                    422,
+                    f"{key} names a file or data set on the server; a client may only ask for {bundled}, or the "
+                    "server's own (the operator chooses others: llmgym serve --env_kwargs)",
+                )
+        elif key not in free and not _same(value, defaults.get(key)):
             raise RequestError(
                 422,
-                f"{key} names a file or data set on the server; a client may only ask for {bundled} "
-                "(the operator chooses others: llmgym serve --env_kwargs)",
+                f"{key} sets how much work or memory {env_id}'s resets take, so it is the server operator's: this "
+                f"server uses {short_repr(defaults.get(key))} (the operator sets it with llmgym serve --env_kwargs, "
+                f"or lets clients choose with --allow_client_kwargs {key}); clients may set "
+                f"{', '.join(sorted(free))}",
             )
     return kwargs
+
+
+def check_options(env_id: str, options: Any) -> dict[str, Any] | None:
+    """A client's reset ``options`` for ``env_id``: a JSON object of the keys the env understands
+    (``TextEnv.reset_options``), else :class:`RequestError`: an env ignores an unknown key, so a misspelt
+    ``dynamics_sed`` would quietly play every group member alike."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise RequestError(422, f"options must be a JSON object, got {type(options).__name__}")
+    try:
+        options = jsonable(options)
+    except ValueError as e:
+        raise RequestError(422, f"options must be JSON data: {e}") from None
+    if _json_size(options) > MAX_KWARGS_JSON_CHARS:
+        raise RequestError(413, f"options is longer than {MAX_KWARGS_JSON_CHARS} characters of JSON")
+    known = reset_options(env_class(env_id))
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise RequestError(
+            422,
+            f"{env_id}'s reset does not take the option {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(sorted(known))}",
+        )
+    return options
 
 
 def check_reset_request(
@@ -198,12 +266,14 @@ def check_reset_request(
     *,
     served: tuple[str, ...],
     fixed_kwargs: Mapping[str, Any] | None = None,
+    allow: tuple[str, ...] = (),
 ) -> tuple[str, dict[str, Any], int | None, dict[str, Any] | None]:
     """``(env_id, env_kwargs, seed, options)`` of a reset request, checked, else :class:`RequestError`.
 
     ``request`` holds ``seed`` and the :data:`RESET_KEYS`; any other key is refused (a stock OpenEnv server would
     drop it silently, which is how a misspelt ``sed=`` becomes an unseeded episode). ``env_id`` defaults to the
-    first served id.
+    first served id; ``env_kwargs`` are the operator's ``fixed_kwargs`` with the client's checked ones
+    (:func:`check_env_kwargs`).
     """
     unknown = sorted(str(k) for k in request if k not in ("seed", *RESET_KEYS))
     if unknown:
@@ -218,23 +288,13 @@ def check_reset_request(
         raise RequestError(404, str(e)) from None
     if env_id not in served:
         raise RequestError(404, f"{env_id} is not served here (served: {', '.join(served)})")
-    fixed = {k: v for k, v in dict(fixed_kwargs or {}).items() if k in constructor_parameters(env_id)[0]}
-    kwargs = {**fixed, **check_env_kwargs(env_id, request.get("env_kwargs"), fixed=fixed)}
+    fixed = operator_kwargs(env_id, fixed_kwargs)
+    kwargs = {**fixed, **check_env_kwargs(env_id, request.get("env_kwargs"), fixed=fixed, allow=allow)}
     try:
         seed = check_seed(request.get("seed"), "seed")
     except ValueError as e:
         raise RequestError(422, str(e)) from None
-    options = request.get("options")
-    if options is not None:
-        if not isinstance(options, Mapping):
-            raise RequestError(422, f"options must be a JSON object, got {type(options).__name__}")
-        try:
-            options = jsonable(options)
-        except ValueError as e:
-            raise RequestError(422, f"options must be JSON data: {e}") from None
-        if _json_size(options) > MAX_KWARGS_JSON_CHARS:
-            raise RequestError(413, f"options is longer than {MAX_KWARGS_JSON_CHARS} characters of JSON")
-    return env_id, kwargs, seed, options
+    return env_id, kwargs, seed, check_options(env_id, request.get("options"))
 
 
 def check_action(text: Any, max_chars: int) -> str:

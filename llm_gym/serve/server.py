@@ -12,7 +12,9 @@ it, not inside its protocol:
 * ``POST /llmgym/describe`` (spaces and attributes of an id, for :class:`llm_gym.serve.client.RemoteEnv`) and
   ``GET /llmgym/status`` (open environments, limits);
 * :class:`Guard`, an ASGI layer in front of the app: bearer token, HTTP body size, per-request time bound, idle
-  session expiry, and no MCP routes (our environments have no tools).
+  session expiry, and no MCP routes (our environments have no tools);
+* reset slots (at most ``max_concurrent_resets`` env builds and resets at once) and a bounded stop
+  (``shutdown_timeout_s``, then the process exits without waiting for env threads; a second signal at once).
 
 Limits and what a client sees when it hits one are listed on the docs page ``docs/serving.md``.
 """
@@ -20,11 +22,15 @@ Limits and what a client sees when it hits one are listed on the docs page ``doc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import os
 import socket
+import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from llm_gym.serve.config import ServeConfig, ServeUsageError, config_from_args, token_matches
@@ -33,6 +39,7 @@ from llm_gym.serve.protocol import (
     CLOSE_REQUEST_TIMEOUT,
     PROTOCOL_VERSION,
     RequestError,
+    changed_kwargs,
     check_action,
     check_reset_request,
     describe,
@@ -96,13 +103,29 @@ class LLMGymState(State):
 
 
 class _Runtime:
-    """State shared by the sessions of one app: the config and live counters (thread-safe)."""
+    """State shared by the sessions of one app: the config, live counters (thread-safe) and the reset slots."""
 
     def __init__(self, config: ServeConfig):
         self.config = config
         self._lock = threading.Lock()
+        self._reset_slots = threading.BoundedSemaphore(config.max_concurrent_resets)
         self.open_envs = 0
         self.sessions_opened = 0
+
+    @contextlib.contextmanager
+    def reset_slot(self) -> Iterator[None]:
+        """Hold one of ``max_concurrent_resets`` slots while an env is built or reset. A request that waits past
+        the request time bound gets a 503 and does no work: its reply would be dropped anyway."""
+        t = self.config.request_timeout_s
+        start = time.monotonic()
+        if not self._reset_slots.acquire(timeout=t):
+            raise RequestError(503, f"the server is busy: every reset slot was taken for {t:g} s; try again")
+        try:
+            if time.monotonic() - start >= t:
+                raise RequestError(503, f"the server is busy: no reset slot within {t:g} s; try again")
+            yield
+        finally:
+            self._reset_slots.release()
 
     def opened(self) -> None:
         with self._lock:
@@ -154,13 +177,17 @@ class LLMGymEnvironment(Environment):
     ) -> LLMGymObservation:
         cfg = self._runtime.config
         env_id, kwargs, seed, options = check_reset_request(
-            {"seed": seed, **request}, served=cfg.env_ids, fixed_kwargs=cfg.env_kwargs
+            {"seed": seed, **request},
+            served=cfg.env_ids,
+            fixed_kwargs=cfg.env_kwargs,
+            allow=cfg.allow_client_kwargs,
         )
-        self._make(env_id, kwargs)
-        try:
-            obs, info = self._env.reset(seed=seed, options=options)
-        except ValueError as e:  # an option the env refuses (a dynamics_seed out of range, ...)
-            raise RequestError(422, f"reset failed: {e}") from None
+        with self._runtime.reset_slot():
+            self._make(env_id, kwargs)
+            try:
+                obs, info = self._env.reset(seed=seed, options=options)
+            except ValueError as e:  # an option the env refuses (a dynamics_seed out of range, ...)
+                raise RequestError(422, f"reset failed: {e}") from None
         self._seed, self._steps, self._done = seed, 0, False
         self._episode_id = None if episode_id is None else str(episode_id)[:255]
         attributes = {**static_surface(self._env), **dynamic_surface(self._env)}
@@ -377,6 +404,10 @@ class Guard:
 
         try:
             await self.app(scope, guarded_receive, guarded_send)
+        except asyncio.CancelledError:
+            # the server is stopping and this session's reset or step outlived --shutdown_timeout: uvicorn has
+            # said so in one line, and the traceback of the cancelled wait would add nothing
+            return
         finally:
             cancel_timer()
 
@@ -415,21 +446,25 @@ def create_app(config: ServeConfig):
         if unknown:
             raise RequestError(400, f"describe takes env_id and env_kwargs, not {', '.join(unknown)}")
         env_id, kwargs, _, _ = check_reset_request(
-            body, served=config.env_ids, fixed_kwargs=config.env_kwargs
+            body, served=config.env_ids, fixed_kwargs=config.env_kwargs, allow=config.allow_client_kwargs
         )
 
         def build() -> dict[str, Any]:
             from llm_gym.registration import make_env
 
-            try:
-                env = make_env(env_id, kwargs)
-            except ValueError as e:
-                raise RequestError(422, str(e)) from None
+            with runtime.reset_slot():
+                try:
+                    env = make_env(env_id, kwargs)
+                except ValueError as e:
+                    raise RequestError(422, str(e)) from None
             try:
                 out = describe(env_id, env)
             finally:
                 env.close()
             out["env_kwargs"] = kwargs
+            # what the operator set differently from the id's defaults: a run that does not pass these would
+            # record kwargs that replay to other episodes (llmgym-train / llmgym-eval refuse it)
+            out["fixed_kwargs"] = changed_kwargs(env_id, config.env_kwargs)
             out["limits"] = {"max_action_chars": config.max_action_chars, "ws_max_bytes": config.ws_max_bytes}
             return out
 
@@ -463,8 +498,43 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: ServeConfig, *, sock: socket.socket | None = None, announce: bool = True) -> None:
-    """Run the server until interrupted (Ctrl-C / SIGTERM). ``sock``: an already bound socket."""
+def _exit_now(code: int) -> None:
+    """End the process without waiting for env threads: a reset or step runs in a worker thread that nothing can
+    interrupt, and the interpreter would otherwise join it at exit (OpenEnv's per-session executors)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 (a closed pipe)
+            pass
+    os._exit(code)
+
+
+def _uvicorn_server(uv_config: Any, shutdown_timeout_s: float, *, hard_exit: bool) -> Any:
+    """uvicorn's server with a bounded stop. The first SIGINT/SIGTERM starts uvicorn's graceful shutdown: new
+    connections refused, every session closed (code 1012), ``shutdown_timeout_s`` for running requests, then
+    their tasks cancelled. With ``hard_exit`` (the ``llmgym serve`` process) a watchdog ends the process if that
+    has not happened ``shutdown_timeout_s`` + 5 s later, and a second signal ends it at once."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if hard_exit and self.should_exit:
+                print(f"llmgym serve: second signal {sig}: exiting now", file=sys.stderr)
+                _exit_now(128 + sig)
+            if hard_exit and not self.should_exit:
+                watchdog = threading.Timer(shutdown_timeout_s + 5.0, _exit_now, (128 + sig,))
+                watchdog.daemon = True
+                watchdog.start()
+            super().handle_exit(sig, frame)
+
+    return Server(uv_config)
+
+
+def serve(
+    config: ServeConfig, *, sock: socket.socket | None = None, announce: bool = True, hard_exit: bool = False
+) -> None:
+    """Run the server until interrupted (Ctrl-C / SIGTERM). ``sock``: an already bound socket; ``hard_exit``: the
+    process is the server's alone, so a stop may end it without waiting for env threads (:func:`cmd_serve`)."""
     import uvicorn
 
     app = create_app(config)
@@ -478,30 +548,48 @@ def serve(config: ServeConfig, *, sock: socket.socket | None = None, announce: b
         ws_ping_timeout=20.0,
         limit_concurrency=config.max_sessions + 64,
         timeout_keep_alive=5,
+        timeout_graceful_shutdown=config.shutdown_timeout_s,
         lifespan="on",
     )
-    server = uvicorn.Server(uv)
+    server = _uvicorn_server(uv, config.shutdown_timeout_s, hard_exit=hard_exit)
     if announce:
         shown = f"[{host}]" if ":" in host else host
         print(f"llmgym serve: {', '.join(config.env_ids)} on http://{shown}:{port}", flush=True)
     server.run(sockets=[sock])
 
 
+def _worker_threads() -> list[threading.Thread]:
+    """Threads the interpreter would join at exit (OpenEnv's executor workers, one of them maybe mid-reset)."""
+    return [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+
+
 def cmd_serve(args: Any) -> int:
     """``llmgym serve``: check the options, bind, serve until interrupted (:class:`ServeUsageError` for a
     command line that cannot work)."""
+    from llm_gym.serve.config import default_env_ids
+
     try:
         config = config_from_args(args)
     except (ValueError, json.JSONDecodeError) as e:
         raise ServeUsageError(str(e)) from None
+    if not args.env:
+        left_out = default_env_ids(config.env_kwargs)[1]
+        if left_out:
+            print(
+                f"llmgym serve: not serving {', '.join(left_out)}: their default data is a hub data set (name "
+                "them with --env, or give their data with --env_kwargs)",
+                flush=True,
+            )
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as e:
         raise ServeUsageError(f"cannot listen on {config.host}:{config.port}: {e}") from None
     try:
-        serve(config, sock=sock)
+        serve(config, sock=sock, hard_exit=True)
     except KeyboardInterrupt:
         pass
+    if _worker_threads():  # an env thread may still run a reset or step: do not wait for it at exit
+        _exit_now(0)
     return 0
 
 
