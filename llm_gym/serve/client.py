@@ -457,7 +457,7 @@ def check_servers(
         status = server_status(url)
         limits = status.get("limits")
         limit = limits.get("max_sessions") if isinstance(limits, dict) else None
-        if not is_int(limit, numpy=False):
+        if not isinstance(limit, int) or not is_int(limit, numpy=False):  # JSON data: an int, not a bool
             raise RemoteEnvError(f"{url}/llmgym/status does not say its max_sessions")
         if need > limit:
             spread = f" ({need} on each of {len(urls)} servers)" if len(urls) > 1 else ""
@@ -467,7 +467,7 @@ def check_servers(
                 "or more, or spread the run over more servers (--env_url URL URL ...)"
             )
         open_now = status.get("open_envs")
-        if is_int(open_now, numpy=False) and need > limit - open_now:
+        if isinstance(open_now, int) and is_int(open_now, numpy=False) and need > limit - open_now:
             print(
                 f"{command}: warning: {url} has {open_now} of its {limit} sessions open now; this run needs {need} "
                 "at once and fails mid-run if the others stay open",

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
 import os
 import socket
 import sys
@@ -548,7 +549,7 @@ def serve(
         ws_ping_timeout=20.0,
         limit_concurrency=config.max_sessions + 64,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=config.shutdown_timeout_s,
+        timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),  # uvicorn takes whole seconds
         lifespan="on",
     )
     server = _uvicorn_server(uv, config.shutdown_timeout_s, hard_exit=hard_exit)
