@@ -103,7 +103,14 @@ def test_seed_rows_follow_ragen_order(tiny_dir, tmp_path):
 def test_environment_tokens_get_no_gradient(tiny_dir, tmp_path):
     """Backpropagate TRL's loss to the final hidden states: every position that predicts an environment token
     (env_mask 0) must get exactly zero gradient, while model-token positions get some."""
-    trainer, model = make_trainer(tiny_dir, tmp_path, "FrozenLake", max_steps=1, env_kwargs={"max_turns": 3})
+    trainer, model = make_trainer(
+        tiny_dir,
+        tmp_path,
+        "FrozenLake",
+        max_steps=1,
+        env_kwargs={"max_turns": 3},
+        use_prefix_sharing=False,  # the hook reads TRL's (B, L) layout; tests/test_prefix_sharing.py covers sharing
+    )
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # normally set by the training loop
     inputs = [{"prompt": seed_prompt(s)} for s in (5, 5, 5, 5, 6, 6, 6, 6)]

@@ -108,6 +108,25 @@ def select_rows_copy(
     return res, to_add
 
 
+def take_rows(batch: dict, index: torch.Tensor) -> dict:
+    """The rows ``index`` of ``batch`` in that order (every tensor or list whose first dimension is the row axis);
+    0-d tensors and other values pass through."""
+    present = [k for k in _NON_ROW_KEYS if batch.get(k) is not None]
+    if present:
+        raise ValueError(f"row reordering does not support multimodal batches (found {present})")
+    n = batch["completion_ids"].shape[0]
+    index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+    res: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
+            res[key] = value[index.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            res[key] = [value[i] for i in index.tolist()]
+        else:
+            res[key] = value
+    return res
+
+
 def empty_micro_batch(batch: dict) -> dict:
     """A one-row micro-batch of the same keys that carries no loss: one prompt and one completion token, every
     mask and advantage zero. Stands in for an optimizer step that takes no update (cheap forward/backward)."""

@@ -668,6 +668,11 @@ def run(config: Any, meta: dict[str, Any]) -> int:
                 f"last train reward {_num(last['reward'])}, success {_num(last.get('env/success'))}"
             )
         print(" | ".join(summary))
+        sharing = getattr(trainer, "prefix_sharing", None)
+        if sharing is not None:
+            from llm_gym.trainer.prefix_sharing import summary_line
+
+            print(f"llmgym-train: {summary_line(sharing)}")
         if config.collapse_report:
             _collapse_png(config)
     return EXIT_OK

@@ -262,6 +262,15 @@ class RolloutArguments:
             "choices": ["independent", "shared"],
         },
     )
+    use_prefix_sharing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute the prefix a group's rollouts share once instead of G times, in HF generation and in "
+            "the loss pass (exact: the same log-probs and gradients as the unshared pass). None: on wherever it is "
+            "exact (sdpa attention, Llama/Qwen2/Qwen3/Mistral/SmolLM3), otherwise off with a note; True: on, or an "
+            "error naming what prevents it; False: off."
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------------ evaluation

@@ -25,7 +25,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from llm_gym.trainer.batch import constant_group_rows, episode_rewards, loss_mask, split_micro_batches
+from llm_gym.trainer import prefix_sharing
+from llm_gym.trainer.batch import (
+    constant_group_rows,
+    episode_rewards,
+    loss_mask,
+    split_micro_batches,
+    take_rows,
+)
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
@@ -129,6 +136,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         self._generation_rounds = 0
         #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
         self.signal_state = SignalState.for_process(args.seed, self.accelerator.process_index)
+        #: Shared-prefix forwards (:mod:`llm_gym.trainer.prefix_sharing`), or None when off.
+        self.prefix_sharing = prefix_sharing.from_setting(args.use_prefix_sharing, self.model)
         self.add_callback(EnvProgressCallback(self.callback_handler))
         for cb in make_signal_callbacks(
             args, self.signal_state, self, deepspeed=bool(getattr(self, "is_deepspeed_enabled", False))
@@ -154,6 +163,21 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             values = self._metrics[mode].get(name)
             if values:
                 del values[-count:]
+
+    def completion_positions(
+        self, captured: list[torch.Tensor], prompt_width: int, width: int
+    ) -> torch.Tensor:
+        """(B, width) values at the states before each completion token, from per-position tensors a forward hook
+        captured during the latest log-prob call (one per forward): hidden position ``prompt_width - 1 + t`` for
+        token ``t``, or, after a shared-prefix call, the packed position of the row's token before it."""
+        sharing = self.prefix_sharing
+        if sharing is not None and sharing.last is not None:
+            return sharing.unpack(captured)
+        if not captured:
+            raise RuntimeError(
+                "the forward hook captured nothing: the backbone forward did not run through it"
+            )
+        return torch.cat(captured, dim=0)[:, prompt_width - 1 : prompt_width - 1 + width]
 
     def sequence_logps(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int
@@ -216,22 +240,71 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         out = self.compute_advantages(out, local)
         return after_scoring(self, out, gathered, self.signal_state)
 
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
+        """TRL's per-token log-probs (loss, old and reference log-probs, PPO's rollout values), through shared-prefix
+        forwards when prefix sharing is on (MoE auxiliary losses and multimodal inputs take TRL's pass)."""
+        sharing = self.prefix_sharing
+        if sharing is not None:
+            sharing.last = None
+            if not compute_aux_loss and all(v is None for v in multimodal.values()):
+                res = prefix_sharing.per_token_logps(
+                    sharing,
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    autocast=self.accelerator.autocast,
+                )
+                if res is not None:
+                    return res[0], res[1], None
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            **multimodal,
+        )
+
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffering of one generation round into micro-batches, except with
-        ``filter_update_steps="proportional"``: the kept rows fill the first micro-batches in their order (kept
-        groups, then the copies; RAGEN's actor splits its batch unshuffled, ``ragen/workers/actor/dp_actor.py``) and
-        the round's remaining ones are empty, flagged so that their optimizer steps take no update."""
+        """TRL's buffering of one generation round into micro-batches, except:
+
+        - with ``filter_update_steps="proportional"``: the kept rows fill the first micro-batches in their order
+          (kept groups, then the copies; RAGEN's actor splits its batch unshuffled,
+          ``ragen/workers/actor/dp_actor.py``) and the round's remaining ones are empty, flagged so that their
+          optimizer steps take no update;
+        - with prefix sharing and several micro-batches per round: the groups are shuffled instead of the rows, so a
+          micro-batch holds whole groups (or consecutive rows of one) and encodes their prompt once
+          (:func:`llm_gym.trainer.prefix_sharing.group_order`)."""
         args = self.args
-        if (
-            not self.model.training
-            or args.filter_update_steps != "proportional"
-            or args.filter_strategy == "off"
-        ):
-            return super()._prepare_inputs(generation_batch)
         spg = args.steps_per_generation
+        proportional = args.filter_update_steps == "proportional" and args.filter_strategy != "off"
+        by_group = self.prefix_sharing is not None and spg > 1
+        if not self.model.training or not (proportional or by_group):
+            return super()._prepare_inputs(generation_batch)
         if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            self._buffered_inputs, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
+            if proportional:
+                self._buffered_inputs, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
+            else:
+                order = prefix_sharing.group_order(batch["prompt_ids"], batch["prompt_mask"])
+                self._buffered_inputs, _ = split_micro_batches(
+                    take_rows(batch, order), len(order) // spg, spg
+                )
         index = self._step % spg
         real = self.signal_state.real_micro_batches
         self.signal_state.empty_step = real is not None and index >= real

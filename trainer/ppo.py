@@ -106,8 +106,9 @@ class ValueModel(nn.Module):
         nn.init.normal_(self.v_head.weight, std=init_std)
         nn.init.zeros_(self.v_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """``kwargs`` go to the backbone (``position_ids`` and the packing of a shared-prefix forward)."""
+        out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1)
 
@@ -169,7 +170,14 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     def _critic_values(
         self, ids: torch.Tensor, attn: torch.Tensor, P: int, C: int, chunk: int
     ) -> torch.Tensor:
-        """Values of the states before each completion token from the separate critic, ``chunk`` rows a forward."""
+        """Values of the states before each completion token from the separate critic, ``chunk`` rows a forward
+        (shared-prefix forwards when prefix sharing is on)."""
+        sharing = self.prefix_sharing
+        chunks = sharing.plans(ids, attn, C, chunk) if sharing is not None else None
+        if chunks is not None:
+            return sharing.run(
+                lambda plan: self._critic(**plan.model_inputs(ids.device)), chunks, ids.size(0)
+            ).float()
         parts = [
             self._critic(ids[i : i + chunk], attn[i : i + chunk])[:, P - 1 : P - 1 + C]
             for i in range(0, ids.size(0), chunk)
@@ -213,7 +221,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             self._get_per_token_logps_and_entropies(
                 self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size
             )
-        return _completion_values(buf, P, C).float()
+        return self.completion_positions(buf, P, C).float()
 
     # ------------------------------------------------------------------------------------------ the hook
     @torch.no_grad()
@@ -266,7 +274,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         else:
             with self._capturing_values() as buf:
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            values = _completion_values(buf, P, C).float()
+            values = self.completion_positions(buf, P, C).float()
         mask = loss_mask(inputs)  # padding rows added by the SNR filter have none
         if inputs.get(VALUE_MASK) is not None:  # unscorable rows have no value target
             mask = mask * inputs[VALUE_MASK]
@@ -412,16 +420,6 @@ def load_critic(critic: ValueModel, folder: str) -> bool:
     result = critic.load_state_dict(load_file(path), strict=True)
     del result
     return True
-
-
-def _completion_values(buf: list[torch.Tensor], P: int, C: int) -> torch.Tensor:
-    """Values of the states before each completion token: hidden position ``P - 1 + t`` for token ``t``."""
-    if not buf:
-        raise RuntimeError(
-            "the value hook captured nothing: the backbone forward did not run through the hook"
-        )
-    full = torch.cat(buf, dim=0)
-    return full[:, P - 1 : P - 1 + C]
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -31,6 +32,8 @@ from llm_gym.agent.rollout import MAX_TURNS_GUARD
 from llm_gym.agent.templates import ChatTemplateError, render_chat_template
 from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env, pick_env_url
+
+logger = logging.getLogger(__name__)
 
 #: ``(contexts, max_new_tokens per row) -> (new token ids per row, sampler log-probs per row)``.
 GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[list[float]]]]
@@ -344,9 +347,19 @@ class HFGenerate:
     log-probs only for vLLM importance sampling)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, generation_config: Any, stop_ids: Sequence[int], device: Any
+        self,
+        model: Any,
+        tokenizer: Any,
+        generation_config: Any,
+        stop_ids: Sequence[int],
+        device: Any,
+        sharing: Any = None,
+        lockstep: bool = False,
     ):
         self.model = model
+        #: A :class:`~llm_gym.trainer.prefix_sharing.PrefixSharing` (prefill shared prefixes once), or None.
+        self.sharing = sharing
+        self.lockstep = lockstep
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
         self.generation_config = copy.deepcopy(generation_config)
         self.generation_config.eos_token_id = list(stop_ids)
@@ -358,14 +371,26 @@ class HFGenerate:
     ) -> tuple[list[list[int]], list[list[float]]]:
         import torch
 
+        cfg = copy.copy(self.generation_config)
+        cfg.max_new_tokens = max(1, max(budgets))
+        if self.sharing is not None:
+            from llm_gym.trainer import prefix_sharing
+
+            layout = prefix_sharing.share_prompts(contexts, self.sharing.min_saved)
+            # with several processes every rank takes the same path (the same forwards, for sharded models)
+            if layout is not None and (layout.shares or self.lockstep):
+                self.sharing.generation.add(*layout.tokens())
+                new_ids = prefix_sharing.generate_shared(self.model, layout, cfg, self.pad_id, self.device)
+                new = new_ids.tolist()
+                return new, [[0.0] * len(row) for row in new]
         width = max(len(c) for c in contexts)
         ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(contexts), width), dtype=torch.long)
         for i, c in enumerate(contexts):
             ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
             attn[i, width - len(c) :] = 1
-        cfg = copy.copy(self.generation_config)
-        cfg.max_new_tokens = max(1, max(budgets))
+        if self.sharing is not None:
+            self.sharing.generation.add(len(contexts) * width, len(contexts) * width)
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=attn.to(self.device), generation_config=cfg
@@ -442,6 +467,7 @@ class EnvRolloutFunc:
         self.template = training_template_tokens(tokenizer)
         #: The :class:`RolloutInfo` of the latest call (None before the first).
         self.last: RolloutInfo | None = None
+        self._checked_vllm = False
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         import torch
@@ -469,6 +495,15 @@ class EnvRolloutFunc:
         )
         if getattr(trainer, "use_vllm", False):
             vllm = trainer.vllm_generation
+            if not self._checked_vllm:
+                from llm_gym.trainer.prefix_sharing import vllm_prefix_caching
+
+                self._checked_vllm = True
+                if vllm_prefix_caching(vllm) is False:
+                    logger.warning(
+                        "vLLM prefix caching is off: every rollout of a group prefills its prompt again; "
+                        "enable it (vLLM's enable_prefix_caching) for prefix-shared generation"
+                    )
             saved_temperature = vllm.temperature
             if not training:  # VLLMGeneration reads its temperature at call time
                 vllm.temperature = args.eval_temperature
@@ -507,7 +542,13 @@ class EnvRolloutFunc:
                 else nullcontext(),
             ):
                 gen = HFGenerate(
-                    model, self.template.tokenizer, gen_cfg, self.template.stop_ids, accelerator.device
+                    model,
+                    self.template.tokenizer,
+                    gen_cfg,
+                    self.template.stop_ids,
+                    accelerator.device,
+                    sharing=getattr(trainer, "prefix_sharing", None),
+                    lockstep=lockstep is not None,
                 )
                 episodes = play_token_episodes(args.env, seeds, gen, self.template, **kwargs)
         self.last = RolloutInfo.from_episodes(episodes)
