@@ -468,3 +468,27 @@ def test_summary_line_counts_tokens():
     sharing.generation.add(500, 1000)
     line = ps.summary_line(sharing)
     assert "loss pass 250 tokens vs 1,000 plain (4.00x fewer)" in line and "generation prefill 500" in line
+
+
+@pytest.mark.slow
+def test_benchmark_quick_mode_runs_and_reports_exact_results(tmp_path, capsys):
+    """``benchmarks/prefix_sharing.py --quick``: tiny model, both settings, results written where asked."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prefix_sharing.py"
+    spec = importlib.util.spec_from_file_location("bench_prefix_sharing", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "res.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("prefix sharing: step speed-up ") and "(Bandit, G=4), max grad rel diff" in last
+    results = json.loads(out.read_text())["results"]
+    assert {r["env"] for r in results} == {"Bandit", "FrozenLake"}
+    for r in results:
+        assert r["same_tokens"] and r["max_grad_rel_diff"] < TOL and r["max_logp_diff"] < TOL
+        assert r["loss_tokens_shared"] < r["loss_tokens_plain"]
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--json", str(path.parents[1] / "docs" / "x.json")])
