@@ -224,6 +224,31 @@ def test_a_model_without_the_packed_attention_fails_loudly():
 
 
 # ------------------------------------------------------------------------------------------------ generation
+def test_prompt_clusters_save_the_most_tokens():
+    """Groups share their whole prompt when that saves more than sharing only the system text across groups, and
+    the other way round; every row keeps at least one token to generate from."""
+    system = list(range(100, 275))  # 175 tokens common to every seed (Bandit's system text and instructions)
+
+    def rows(groups, per_group, own):
+        out = []
+        for g in range(groups):
+            prompt = system + [1000 + g] * own
+            out += [prompt] * per_group
+        return out
+
+    two_big = ps.share_prompts(rows(2, 8, 45))  # 2 groups of 8: each group shares its 220 tokens
+    assert len(two_big.prefixes) == 2 and all(len(p) == 219 for p in two_big.prefixes)
+    # 8 groups of 2 with a tiny per-seed part: one shared system prefix
+    many_small = ps.share_prompts(rows(8, 2, 3))
+    assert len(many_small.prefixes) == 1 and len(many_small.prefixes[0]) == 175
+    for layout in (two_big, many_small):
+        assert all(len(s) >= 1 for s in layout.suffixes)
+        assert layout.tokens()[0] < layout.tokens()[1]
+    alone = ps.share_prompts([[1, 2, 3], [4, 5, 6]])
+    assert not alone.shares and alone.suffixes == [[3], [6]]
+    assert ps.share_prompts([[1], [1, 2]]) is None
+
+
 def test_shared_generation_samples_the_same_tokens():
     """With the same generator seed the prefix-cached path samples the tokens the plain batched generate does
     (the logits agree to float rounding, so every draw lands on the same token)."""

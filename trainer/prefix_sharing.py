@@ -659,33 +659,55 @@ class PromptSharing:
 def share_prompts(
     contexts: Sequence[Sequence[int]], min_shared: int = MIN_SAVED_TOKENS
 ) -> PromptSharing | None:
-    """Cluster generation contexts by shared prefix: rows (sorted) whose common prefix with their neighbour is at
-    least ``min_shared`` tokens form a cluster that shares the cluster's common prefix (minus at least the last
-    token of its shortest row). None when a context has fewer than two tokens."""
+    """Cluster generation contexts by shared prefix: the contexts are sorted and cut into consecutive clusters that
+    maximise the tokens saved, sum over clusters of (rows - 1) x common prefix (a cluster shares its rows' common
+    prefix, minus at least the last token of its shortest row; a common prefix under ``min_shared`` tokens is not
+    shared). So a round's groups each share their whole prompt, or all rows share the system text, whichever
+    saves more. None when a context has fewer than two tokens."""
+    if not contexts or any(len(c) < 2 for c in contexts):
+        return None
     order = sorted(range(len(contexts)), key=lambda i: list(contexts[i]))
+    n = len(order)
+    adj = [_lcp(contexts[order[i]], contexts[order[i + 1]]) for i in range(n - 1)]
+    lengths = [len(contexts[i]) for i in order]
+
+    def shared(lo: int, hi: int) -> int:  # tokens the cluster order[lo:hi] prefills once
+        if hi - lo < 2:
+            return 0
+        k = min(min(adj[lo : hi - 1]), min(lengths[lo:hi]) - 1)
+        return k if k >= min_shared else 0
+
+    # best[j]: the most tokens saved by clusters covering order[:j]; cut[j]: where its last cluster starts
+    best = [0] * (n + 1)
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        best[j], cut[j] = best[j - 1], j - 1
+        k = None
+        for i in range(j - 2, -1, -1):  # cluster order[i:j]; its common prefix only shrinks as i decreases
+            k = adj[i] if k is None else min(k, adj[i])
+            if k < min_shared:
+                break
+            gain = best[i] + (j - i - 1) * shared(i, j)
+            if gain > best[j]:
+                best[j], cut[j] = gain, i
     clusters: list[list[int]] = []
-    prev = None
-    for i in order:
-        if prev is not None and _lcp(contexts[prev], contexts[i]) >= min_shared:
-            clusters[-1].append(i)
-        else:
-            clusters.append([i])
-        prev = i
+    j = n
+    while j > 0:
+        clusters.append(order[cut[j] : j])
+        j = cut[j]
+    clusters.reverse()
     prefixes: list[list[int]] = []
-    row_prefix = [0] * len(contexts)
+    row_prefix = [0] * n
     suffixes: list[list[int]] = [[] for _ in contexts]
     for members in clusters:
-        first = list(contexts[members[0]])
         k = min(len(contexts[i]) for i in members) - 1
+        first = list(contexts[members[0]])
         for i in members[1:]:
             k = min(k, _lcp(first, contexts[i]))
-        k = max(k, 0)
         prefixes.append(first[:k])
         for i in members:
             row_prefix[i] = len(prefixes) - 1
             suffixes[i] = list(contexts[i][k:])
-    if any(not p for p in prefixes):
-        return None
     return PromptSharing(prefixes, row_prefix, suffixes)
 
 
