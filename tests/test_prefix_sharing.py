@@ -299,6 +299,11 @@ def trainer_for(tiny_dir, tmp_path, trainer_cls=None, trainer_kwargs=None, **ove
     kwargs.update(overrides)
     tr = make_tiny_trainer(tiny_dir, kwargs, trainer_cls=trainer_cls, **(trainer_kwargs or {}))
     tr.current_gradient_accumulation_steps = 1
+    if tr.args.gradient_checkpointing:  # Trainer turns it on in train(); the loss is called directly here
+        tr.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=tr.args.gradient_checkpointing_kwargs
+        )
+        assert tr.model.is_gradient_checkpointing
     tr.model.train()
     return tr
 
@@ -341,13 +346,18 @@ def test_grpo_loss_gradients_equal_the_unshared_pass(tiny_dir, tmp_path, overrid
     assert max_rel(g_shared, g_plain) < TOL
 
 
-@pytest.mark.parametrize("critic", ["head", "separate"])
-def test_ppo_values_and_gradients_equal_the_unshared_pass(tiny_dir, tmp_path, critic):
+@pytest.mark.parametrize("critic, checkpointing", [("head", True), ("separate", False)])
+def test_ppo_values_and_gradients_equal_the_unshared_pass(tiny_dir, tmp_path, critic, checkpointing):
     from llm_gym.trainer.algorithms import algorithm_overrides
     from llm_gym.trainer.ppo import OLD_VALUES, LLMGymPPOTrainer
 
     tr = trainer_for(
-        tiny_dir, tmp_path, trainer_cls=LLMGymPPOTrainer, critic_model=critic, **algorithm_overrides("ppo")
+        tiny_dir,
+        tmp_path,
+        trainer_cls=LLMGymPPOTrainer,
+        critic_model=critic,
+        gradient_checkpointing=checkpointing,
+        **algorithm_overrides("ppo"),
     )
     sharing = tr.prefix_sharing
     from llm_gym.trainer.rollouts import seed_prompt

@@ -16,7 +16,8 @@ Layout (:func:`plan_packing`):
   then predicts a token that every row under it has, and each child starts with the last common token (computed
   once per child) whose hidden state predicts the child's own next token;
 - position ids are the tokens' column indices in TRL's padded (B, L) layout, so rotary embeddings see exactly
-  the positions of the unshared pass;
+  the positions of the unshared pass; or, for models whose rotary embedding is static (:func:`relative_rope`),
+  counted from each row's first token, so that rows of different groups share their common system text too;
 - the attention of a node's tokens: its ancestors' tokens (all visible) and its own (causal), computed per tree
   depth as one ``scaled_dot_product_attention`` call over the nodes of that depth (queries and keys gathered into
   padded rows with a boolean mask);
@@ -29,12 +30,17 @@ to float rounding (tests: within 1e-5 in float32). Where it could not be exact t
 mask; eager and flex are not wired), sliding-window attention, logit soft-capping, attention sinks, attention
 dropout in training, and model families whose attention it does not know.
 
-The same prefix-tree idea as PrefixGrouper (Liu et al. 2025, arXiv:2506.05433, Sec. 3), done through
-transformers' ``AttentionInterface`` rather than a patched model.
+PrefixGrouper (Liu et al. 2025, arXiv:2506.05433) splits attention the same way for one prefix and its suffixes;
+here the split is a tree of any depth over any number of groups, reached through transformers'
+``AttentionInterface`` without changing the model's attention implementation.
+
+Generation (:func:`share_prompts`, :func:`generate_shared`): the contexts of a ``generate`` call are clustered by
+common prefix; each cluster's prefix is prefilled once and its KV cache expanded to the cluster's rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -567,8 +573,7 @@ def per_token_logps(
     device = input_ids.device
 
     def forward(plan: PackPlan) -> torch.Tensor:
-        ctx = autocast() if autocast is not None else _null()
-        with ctx:
+        with autocast() if autocast is not None else contextlib.nullcontext():
             out = model(
                 **plan.model_inputs(device), shift_labels=plan.shift_labels.to(device), fused_lm_head=True
             )
@@ -580,14 +585,6 @@ def per_token_logps(
     if compute_entropy:
         return res[..., 0], res[..., 1]
     return res, None
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 __all__ = [
