@@ -527,3 +527,21 @@ def test_benchmark_quick_mode_runs_and_reports_exact_results(tmp_path, capsys):
         assert r["loss_tokens_shared"] < r["loss_tokens_plain"]
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--json", str(path.parents[1] / "docs" / "x.json")])
+
+
+@pytest.mark.slow
+def test_mechanism_benchmark_quick_mode_agrees_with_the_plain_pass(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prefix_mechanisms.py"
+    spec = importlib.util.spec_from_file_location("bench_prefix_mechanisms", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    assert [ln.split()[0] for ln in lines] == ["plain", "KV", "dense", "prefix"]
+    for line in lines:
+        assert (
+            abs(float(line.rsplit(" ", 1)[1])) < 1e-3
+        )  # the summed log-prob of every variant is the plain one
