@@ -790,7 +790,7 @@ def from_setting(setting: bool | None, model: torch.nn.Module) -> PrefixSharing 
     except PrefixSharingUnsupported as e:
         if setting:
             raise
-        logger.info("prefix sharing is off: %s", str(e).split(";")[0])
+        logger.warning("prefix sharing is off: %s", str(e).split(";")[0])
         return None
     return PrefixSharing(relative_positions=relative_rope(model))
 
