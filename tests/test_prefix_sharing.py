@@ -517,7 +517,7 @@ def test_benchmark_quick_mode_runs_and_reports_exact_results(tmp_path, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "res.json"
-    assert bench.main(["--quick", "--json", str(out)]) == 0
+    assert bench.main(["--quick", "--floor", "--json", str(out)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("prefix sharing: step speed-up ") and "(Bandit, G=4), max grad rel diff" in last
     results = json.loads(out.read_text())["results"]
@@ -525,6 +525,9 @@ def test_benchmark_quick_mode_runs_and_reports_exact_results(tmp_path, capsys):
     for r in results:
         assert r["same_tokens"] and r["max_grad_rel_diff"] < TOL and r["max_logp_diff"] < TOL
         assert r["loss_tokens_shared"] < r["loss_tokens_plain"]
+        assert (
+            0 <= r["floor_grad_rel_diff"] < TOL and 0 <= r["floor_logp_diff"] < TOL
+        )  # the plain pass vs itself
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--json", str(path.parents[1] / "docs" / "x.json")])
 
