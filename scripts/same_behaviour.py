@@ -90,7 +90,15 @@ RUNS: dict[str, list[str]] = {
         *COMMON,
     ],
     # PPO with a separate critic
-    "bandit_ppo_critic": ["--env", "rtref/NoisyBandit-v0", "--algo", "ppo", "--critic_model", "separate", *COMMON],
+    "bandit_ppo_critic": [
+        "--env",
+        "rtref/NoisyBandit-v0",
+        "--algo",
+        "ppo",
+        "--critic_model",
+        "separate",
+        *COMMON,
+    ],
     # the real Bandit (every group has zero variance): the filter skips every update
     "bandit_real_skip": ["--env", "Bandit", "--mi_every", "1", *COMMON],
     # the real Bandit with the filter off
@@ -170,7 +178,8 @@ def _child_run(name: str, model: str, work: str, out: str) -> int:
         rows = [_untimed(json.loads(line)) for line in collapse.read_text().splitlines() if line.strip()]
         (target / "collapse.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     hashes = {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((Path(work) / "final").glob("*.safetensors"))
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((Path(work) / "final").glob("*.safetensors"))
     }
     (target / "weights.json").write_text(json.dumps(hashes, indent=1) + "\n")
     return 0

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 
 from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer  # noqa: E402
-from llm_gym.trainer.lora import LORA_FIELDS, peft_config  # noqa: E402
+from llm_gym.trainer.lora import LORA_FIELDS, LoRAFieldTypes, lora_arguments, peft_config  # noqa: E402
 from llm_gym.trainer.models import ModelError, adapter_base, check_model, load_model_and_tokenizer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -21,6 +21,20 @@ from tests._tiny import make_tiny_trainer, tiny_run_kwargs  # noqa: E402
 
 LORA = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["q_proj", "v_proj"])
 G = 2
+
+
+def test_the_typed_view_of_the_lora_fields_is_trls():
+    # type checkers see LoRAFieldTypes in place of the group built from trl.ModelConfig: same names, same types
+    import typing
+
+    from trl import ModelConfig
+
+    ours = typing.get_type_hints(LoRAFieldTypes)
+    theirs = typing.get_type_hints(ModelConfig)
+    assert tuple(ours) == LORA_FIELDS
+    assert [f.name for f in dataclasses.fields(lora_arguments())] == list(LORA_FIELDS)
+    for name, hint in ours.items():
+        assert hint == theirs[name], name
 
 
 def test_flags_names_and_defaults_are_trls(tmp_path):

@@ -89,3 +89,19 @@ def test_best_model_and_plateau_go_by_eval_success_not_a_loss(tmp_path):
     for metric in ("loss", "eval_loss"):
         with pytest.raises(ValueError, match="reports no loss"):
             cfg(tmp_path, metric_for_best_model=metric, **keep)
+
+
+def test_the_config_is_a_plain_class_and_the_shared_defaults_load_no_torch():
+    import subprocess
+    import sys
+
+    import llm_gym.trainer.config as config_module
+
+    assert LLMGymGRPOConfig.__module__ == config_module.__name__ == "llm_gym.trainer.config"
+    assert "LLMGymGRPOConfig" in vars(config_module)  # defined at import, not on first access
+    code = (
+        "import sys, llm_gym.trainer.defaults, llm_gym.trainer.evaluate, llm_gym.trainer.policies; "
+        "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

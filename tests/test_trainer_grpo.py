@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from llm_gym.trainer.config import EPISODES_FILE, LLMGymGRPOConfig  # noqa: E402
+from llm_gym.trainer.config import LLMGymGRPOConfig  # noqa: E402
+from llm_gym.trainer.defaults import EPISODES_FILE  # noqa: E402
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer, train_seeds  # noqa: E402
 from llm_gym.trainer.rollouts import env_reward, seed_prompt  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402

@@ -19,11 +19,12 @@ Groups (one dataclass each, mixed into ``LLMGymGRPOConfig``):
 - :class:`LossArguments`: dual-clip and one aggregation for every loss term (RAGEN-2's veRL loss);
 - :class:`EarlyStopArguments`: RAGEN's early stops (reward-variance collapse, low validation success);
 - ``LoRAArguments``: TRL's ``ModelConfig`` LoRA flags (``--use_peft``, ``--lora_r``, ...), built from TRL's own
-  fields by :func:`llm_gym.trainer.lora.lora_arguments`.
+  fields by :func:`llm_gym.trainer.lora.lora_arguments` (type checkers see
+  :class:`llm_gym.trainer.lora.LoRAFieldTypes`).
 
-Defaults that other modules share (``llmgym-eval``, the policies) are the module constants below; they import
-them from here and never repeat the numbers. Importing this module is cheap: ``LLMGymGRPOConfig`` (which needs
-TRL, and through it torch) is defined on first access.
+Importing this module loads TRL (and through it torch). The defaults that commands without torch share with
+the config (``llmgym-eval``'s seeds, temperature and token budget, the records file name) and the choices of the
+string fields live in :mod:`llm_gym.trainer.defaults`, which imports nothing.
 """
 
 from __future__ import annotations
@@ -35,37 +36,30 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from llm_gym.agent.chat import DEFAULT_SYSTEM_PROMPT, ChatFormat
+from llm_gym.trainer import snr_filter
+from llm_gym.trainer.defaults import (
+    CRITIC_MODELS,
+    EPISODES_FILE,
+    EVAL_SEED,
+    EVAL_TEMPERATURE,
+    FILTER_DROPS,
+    FILTER_LOSS_SCALINGS,
+    FILTER_UPDATE_STEPS,
+    GROUP_DYNAMICS,
+    LOSS_AGG_MODES,
+    MAX_NEW_TOKENS,
+    MI_MARGINALS,
+    MI_REASONING,
+    MI_SCORERS,
+    TRAIN_SEED,
+)
+from llm_gym.trainer.lora import LoRAFieldTypes, lora_arguments
+from trl import GRPOConfig
+
+from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT, ChatFormat
 from llm_gym.core.checks import is_int, is_number
 
 logger = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------------------------------ shared defaults
-#: First validation seed (RAGEN's ``seed.val``), away from the training seeds.
-EVAL_SEED = 123
-#: First training seed (RAGEN's ``seed.train``): group g of round s plays ``TRAIN_SEED + s * P + g``.
-TRAIN_SEED = 10000
-#: Sampling temperature in evaluation (RAGEN-2 evaluates with T = 0.5).
-EVAL_TEMPERATURE = 0.5
-#: Nucleus sampling in evaluation (1.0 = off).
-EVAL_TOP_P = 1.0
-#: Tokens the model may generate per turn (RAGEN: ``max_tokens`` 400).
-MAX_NEW_TOKENS = 400
-#: Episode records file name (the :mod:`llm_gym.agent.records` JSONL the viewer reads).
-EPISODES_FILE = "episodes.jsonl"
-
-# Choices of the string-valued fields (validated in ``__post_init__``).
-FILTER_STRATEGIES = ("top_p", "top_k", "min_p", "softmax_top_p", "upstream_top_p", "off")
-FILTER_METRICS = ("variance", "std")
-FILTER_DROPS = ("remove", "mask")
-FILTER_LOSS_SCALINGS = ("none", "linear", "sqrt")
-FILTER_UPDATE_STEPS = ("fixed", "proportional")
-CHAT_STYLES = ("llmgym", "ragen")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-CRITIC_MODELS = ("head", "separate")
-MI_REASONING = ("think", "turn")
-MI_MARGINALS = ("code", "paper")
-MI_SCORERS = ("cached", "trl")
 
 
 def _positive_int(value: Any) -> bool:
@@ -259,7 +253,7 @@ class RolloutArguments:
             "help": "Transition randomness within a group: independent (each rollout resets with its own "
             "dynamics_seed, so FrozenLake slips and Bandit payouts differ while the start state is shared, as in "
             "RAGEN) or shared (every rollout of a group sees the same transitions).",
-            "choices": ["independent", "shared"],
+            "choices": list(GROUP_DYNAMICS),
         },
     )
     use_prefix_sharing: bool | None = field(
@@ -395,11 +389,9 @@ class FilterArguments:
     )
 
     def _validate_filter(self) -> None:
-        from llm_gym.trainer.snr_filter import validate_filter
-
-        validate_filter(self.filter_strategy, self.filter_value, self.filter_eps)
+        snr_filter.validate_filter(self.filter_strategy, self.filter_value, self.filter_eps)
         choices = {
-            "filter_metric": FILTER_METRICS,
+            "filter_metric": snr_filter.METRICS,
             "filter_loss_scaling": FILTER_LOSS_SCALINGS,
             "filter_drop": FILTER_DROPS,
             "filter_update_steps": FILTER_UPDATE_STEPS,
@@ -712,148 +704,126 @@ class EarlyStopArguments:
 
 
 # ------------------------------------------------------------------------------------------ the full config
-def _define_config() -> type:
-    """Define ``LLMGymGRPOConfig`` (imports TRL, so it runs on first access, not at import)."""
-    from llm_gym.trainer.lora import lora_arguments
-    from trl import GRPOConfig
-
-    @dataclass
-    class LLMGymGRPOConfig(
-        GRPOConfig,
-        ModelArguments,
-        EnvArguments,
-        PromptArguments,
-        RolloutArguments,
-        EvalArguments,
-        SignalArguments,
-        PPOArguments,
-        LossArguments,
-        EarlyStopArguments,
-        lora_arguments(),  # TRL's ModelConfig LoRA flags (--use_peft, --lora_r, ...), see trainer/lora.py
-    ):
-        """TRL's ``GRPOConfig`` plus llm-gym's environment, prompt, rollout, evaluation, output, SNR filter,
-        MI, PPO and LoRA settings (see the module docstring for the groups)."""
-
-        # TRL fields whose default differs for multi-turn environment training.
-        num_generations_eval: int | None = field(
-            default=1,
-            metadata={
-                "help": "Rollouts per evaluation seed (1: each fixed seed is played once, as in RAGEN)."
-            },
-        )
-        shuffle_dataset: bool | None = field(
-            default=False,
-            metadata={
-                "help": "Shuffle the seed rows; False (default) keeps RAGEN's seeding train_seed + s * P + g."
-            },
-        )
-
-        def __post_init__(self) -> None:
-            self._validate_env()
-            self.validate_model_args()
-            if not _positive_int(self.max_new_tokens):
-                raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-            if self.num_eval_seeds < 0:
-                raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
-            if _finite("eval_temperature", self.eval_temperature) < 0:
-                raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
-            # Sampling divides the logits by the temperature: 0 gives inf / NaN probabilities mid-training.
-            if not _finite("temperature", self.temperature) > 0:
-                raise ValueError(
-                    f"temperature must be > 0 (training samples the rollouts), got {self.temperature}; "
-                    "use a small value such as 0.1 for near-greedy sampling"
-                )
-            if _finite("learning_rate", self.learning_rate) < 0:
-                raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
-            if self.num_prompts is not None:
-                if not _positive_int(self.num_prompts):
-                    raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
-                if self.steps_per_generation is not None:
-                    raise ValueError("set either num_prompts or steps_per_generation, not both")
-                self.generation_batch_size = self.num_prompts * self.num_generations
-            if (
-                self.generation_batch_size is not None
-                and self.generation_batch_size % self.per_device_train_batch_size
-            ):
-                raise ValueError(
-                    f"num_prompts x num_generations = {self.generation_batch_size} rollouts per round must be "
-                    f"divisible by per_device_train_batch_size ({self.per_device_train_batch_size}) x number of "
-                    "processes; change --num_prompts, --num_generations or --per_device_train_batch_size"
-                )
-            if self.mask_truncated_completions:
-                raise ValueError(
-                    "mask_truncated_completions has no effect with llm-gym's multi-turn rollouts: every turn is "
-                    "closed with an end-of-turn token, so TRL never sees a truncated completion. Leave it False "
-                    "and watch env/budget_stop_rate (episodes cut by max_completion_length) instead"
-                )
-            if self.max_completion_length is not None and self.max_completion_length < 8:
-                raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
-            # Evaluation plays episodes and reports no loss (LLMGymGRPOTrainer.prediction_step), so the best
-            # checkpoint or a plateau scheduler goes by evaluation success, not transformers' default "loss".
-            if str(self.metric_for_best_model or "").removeprefix("eval_") == "loss":
-                raise ValueError(
-                    "metric_for_best_model='loss': llm-gym evaluation plays episodes and reports no loss; use "
-                    "env/success (the default when load_best_model_at_end is set) or another eval_env/* metric"
-                )
-            scheduler = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
-            needs_metric = self.load_best_model_at_end or scheduler in ("reduce_lr_on_plateau", "greedy")
-            if self.metric_for_best_model is None and needs_metric:
-                self.metric_for_best_model = "env/success"  # transformers then sets greater_is_better=True
-            from llm_gym.trainer.deprecations import use_current_checkpointing_names
-
-            use_current_checkpointing_names(
-                self
-            )  # else transformers warns that TRL's default name is deprecated
-            super().__post_init__()
-            micro_batches = self.steps_per_generation * self.num_iterations
-            if micro_batches % self.gradient_accumulation_steps:
-                # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip
-                # callback could drop a kept round's gradients when the next round is empty.
-                raise ValueError(
-                    f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
-                    f"micro-batches of one generation round: steps_per_generation ({self.steps_per_generation}) "
-                    f"x num_iterations ({self.num_iterations}) = {micro_batches}, where steps_per_generation = "
-                    "num_prompts x num_generations / (per_device_train_batch_size x processes). Lower "
-                    "--gradient_accumulation_steps or --per_device_train_batch_size, or raise --num_prompts"
-                )
-            self.validate_signal_args()
-            self.validate_ppo_args()
-            self.validate_loss_args()
-            self.validate_early_stop_args()
-
-        @property
-        def num_prompts_per_round(self) -> int:
-            """P: environment seeds per generation round."""
-            return (self.generation_batch_size or self.num_generations) // self.num_generations
-
-    # Defined in a function, but pickled (Trainer saves training_args.bin) and documented as this module's.
-    LLMGymGRPOConfig.__qualname__ = "LLMGymGRPOConfig"
-    LLMGymGRPOConfig.__module__ = __name__
-    return LLMGymGRPOConfig
+if TYPE_CHECKING:
+    LoRAArguments = LoRAFieldTypes
+else:  # TRL's own ModelConfig fields (defaults, help), see trainer/lora.py
+    LoRAArguments = lora_arguments()
 
 
-if TYPE_CHECKING:  # pragma: no cover
-    LLMGymGRPOConfig: type
+@dataclass
+class LLMGymGRPOConfig(
+    GRPOConfig,
+    ModelArguments,
+    EnvArguments,
+    PromptArguments,
+    RolloutArguments,
+    EvalArguments,
+    SignalArguments,
+    PPOArguments,
+    LossArguments,
+    EarlyStopArguments,
+    LoRAArguments,  # TRL's ModelConfig LoRA flags (--use_peft, --lora_r, ...)
+):
+    """TRL's ``GRPOConfig`` plus llm-gym's environment, prompt, rollout, evaluation, output, SNR filter,
+    MI, PPO and LoRA settings (see the module docstring for the groups)."""
 
+    # TRL fields whose default differs for multi-turn environment training.
+    num_generations_eval: int | None = field(
+        default=1,
+        metadata={"help": "Rollouts per evaluation seed (1: each fixed seed is played once, as in RAGEN)."},
+    )
+    shuffle_dataset: bool | None = field(
+        default=False,
+        metadata={
+            "help": "Shuffle the seed rows; False (default) keeps RAGEN's seeding train_seed + s * P + g."
+        },
+    )
 
-def __getattr__(name: str) -> Any:
-    if name == "LLMGymGRPOConfig":
-        cls = _define_config()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __post_init__(self) -> None:
+        self._validate_env()
+        self.validate_model_args()
+        if not _positive_int(self.max_new_tokens):
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.num_eval_seeds < 0:
+            raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
+        if _finite("eval_temperature", self.eval_temperature) < 0:
+            raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        # Sampling divides the logits by the temperature: 0 gives inf / NaN probabilities mid-training.
+        if not _finite("temperature", self.temperature) > 0:
+            raise ValueError(
+                f"temperature must be > 0 (training samples the rollouts), got {self.temperature}; "
+                "use a small value such as 0.1 for near-greedy sampling"
+            )
+        if _finite("learning_rate", self.learning_rate) < 0:
+            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        if self.num_prompts is not None:
+            if not _positive_int(self.num_prompts):
+                raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
+            if self.steps_per_generation is not None:
+                raise ValueError("set either num_prompts or steps_per_generation, not both")
+            self.generation_batch_size = self.num_prompts * self.num_generations
+        if (
+            self.generation_batch_size is not None
+            and self.generation_batch_size % self.per_device_train_batch_size
+        ):
+            raise ValueError(
+                f"num_prompts x num_generations = {self.generation_batch_size} rollouts per round must be "
+                f"divisible by per_device_train_batch_size ({self.per_device_train_batch_size}) x number of "
+                "processes; change --num_prompts, --num_generations or --per_device_train_batch_size"
+            )
+        if self.mask_truncated_completions:
+            raise ValueError(
+                "mask_truncated_completions has no effect with llm-gym's multi-turn rollouts: every turn is "
+                "closed with an end-of-turn token, so TRL never sees a truncated completion. Leave it False "
+                "and watch env/budget_stop_rate (episodes cut by max_completion_length) instead"
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 8:
+            raise ValueError(f"max_completion_length must be >= 8, got {self.max_completion_length}")
+        # Evaluation plays episodes and reports no loss (LLMGymGRPOTrainer.prediction_step), so the best
+        # checkpoint or a plateau scheduler goes by evaluation success, not transformers' default "loss".
+        if str(self.metric_for_best_model or "").removeprefix("eval_") == "loss":
+            raise ValueError(
+                "metric_for_best_model='loss': llm-gym evaluation plays episodes and reports no loss; use "
+                "env/success (the default when load_best_model_at_end is set) or another eval_env/* metric"
+            )
+        scheduler = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        needs_metric = self.load_best_model_at_end or scheduler in ("reduce_lr_on_plateau", "greedy")
+        if self.metric_for_best_model is None and needs_metric:
+            self.metric_for_best_model = "env/success"  # transformers then sets greater_is_better=True
+        from llm_gym.trainer.deprecations import use_current_checkpointing_names
+
+        use_current_checkpointing_names(self)  # else transformers warns that TRL's default name is deprecated
+        super().__post_init__()
+        micro_batches = self.steps_per_generation * self.num_iterations
+        if micro_batches % self.gradient_accumulation_steps:
+            # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip
+            # callback could drop a kept round's gradients when the next round is empty.
+            raise ValueError(
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) must divide the "
+                f"micro-batches of one generation round: steps_per_generation ({self.steps_per_generation}) "
+                f"x num_iterations ({self.num_iterations}) = {micro_batches}, where steps_per_generation = "
+                "num_prompts x num_generations / (per_device_train_batch_size x processes). Lower "
+                "--gradient_accumulation_steps or --per_device_train_batch_size, or raise --num_prompts"
+            )
+        self.validate_signal_args()
+        self.validate_ppo_args()
+        self.validate_loss_args()
+        self.validate_early_stop_args()
+
+    @property
+    def num_prompts_per_round(self) -> int:
+        """P: environment seeds per generation round."""
+        return (self.generation_batch_size or self.num_generations) // self.num_generations
 
 
 __all__ = [
-    "EVAL_SEED",
-    "EVAL_TEMPERATURE",
-    "EVAL_TOP_P",
-    "MAX_NEW_TOKENS",
-    "TRAIN_SEED",
+    "EarlyStopArguments",
     "EnvArguments",
     "EvalArguments",
     "FilterArguments",
     "LLMGymGRPOConfig",
+    "LoRAArguments",
+    "LossArguments",
     "MIArguments",
     "ModelArguments",
     "OutputArguments",
@@ -861,6 +831,4 @@ __all__ = [
     "PromptArguments",
     "RolloutArguments",
     "SignalArguments",
-    "LossArguments",
-    "EarlyStopArguments",
 ]

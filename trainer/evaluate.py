@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_gym.trainer.config import (
+from llm_gym.trainer.defaults import (
     EPISODES_FILE,
     EVAL_SEED,
     EVAL_TEMPERATURE,

@@ -32,6 +32,25 @@ LORA_FIELDS = (
 )
 
 
+class LoRAFieldTypes:
+    """The :data:`LORA_FIELDS` as type checkers and IDEs see them on the config (``args.lora_r``).
+
+    Only annotations: the fields themselves (defaults, help) come from ``trl.ModelConfig`` through
+    :func:`lora_arguments`; ``tests/test_lora.py`` checks that the two list the same names and types.
+    """
+
+    use_peft: bool
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_target_modules: list[str] | None
+    lora_target_parameters: list[str] | None
+    lora_modules_to_save: list[str] | None
+    lora_task_type: str
+    use_rslora: bool
+    use_dora: bool
+
+
 @functools.cache
 def lora_arguments() -> type:
     """The ``LoRAArguments`` config group: TRL's ``ModelConfig`` LoRA fields with their defaults and help."""
@@ -69,4 +88,4 @@ def peft_config(args: Any) -> Any:
     return get_peft_config(ModelConfig(**values))
 
 
-__all__ = ["LORA_FIELDS", "lora_arguments", "peft_config"]
+__all__ = ["LORA_FIELDS", "LoRAFieldTypes", "lora_arguments", "peft_config"]

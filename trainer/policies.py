@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.trainer.config import EVAL_TEMPERATURE, EVAL_TOP_P, MAX_NEW_TOKENS
+from llm_gym.trainer.defaults import EVAL_TEMPERATURE, EVAL_TOP_P, MAX_NEW_TOKENS
 
 from llm_gym.core.checks import is_int
 

@@ -40,25 +40,6 @@ METRICS = ("variance", "std")
 ZERO_TOL = 1e-10  # a group score at or below this counts as zero signal (RAGEN uses the same bound)
 
 
-def episode_rewards(rewards_per_func: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """Weighted sum over reward functions per sample; NaN where every function returned NaN.
-
-    Mirrors TRL, which treats a row whose functions all returned ``None`` as unscorable.
-    """
-    r = np.asarray(rewards_per_func, dtype=np.float64)
-    if r.ndim == 1:
-        r = r[:, None]
-    if r.ndim != 2:
-        raise ValueError(f"rewards_per_func must be 1-D or 2-D, got shape {r.shape}")
-    w = np.ones(r.shape[1]) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (r.shape[1],):
-        raise ValueError(f"weights shape {w.shape} does not match {r.shape[1]} reward functions")
-    all_nan = np.isnan(r).all(axis=1)
-    total = np.nansum(r * w, axis=1)
-    total[all_nan] = np.nan
-    return total
-
-
 def group_scores(
     rewards: np.ndarray, num_generations: int, metric: str = "variance", ddof: int = 1
 ) -> np.ndarray:
