@@ -32,8 +32,9 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
+    from llm_gym.trainer.chat_templates import ChatTemplateTokens
     from llm_gym.trainer.models import resolve_model
-    from llm_gym.trainer.rollouts import ChatTemplateTokens, HFGenerate, play_token_episodes
+    from llm_gym.trainer.rollouts import HFGenerate, play_token_episodes
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tests._tiny import build_tiny_model

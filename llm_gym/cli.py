@@ -15,17 +15,8 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
-
-# ------------------------------------------------------------------------ conventions of every llm-gym command
-#: Exit codes of ``llmgym``, ``llmgym-train`` and ``llmgym-eval``.
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
-#: 2: the command line cannot work as given (a bad option or value; an environment, profile, model or endpoint
-#: named on it that cannot be used). 1: a failure while working (I/O, a file's contents, a replay mismatch).
-EXIT_CODES_HELP = (
-    "exit codes: 0 success, 1 runtime or I/O error, 2 usage or configuration error (a bad option or value, "
-    "or an environment, model or endpoint named on the command line that cannot be used)"
-)
 
 
 class UsageError(ValueError):
@@ -40,29 +31,6 @@ def _json_object(text: str, flag: str) -> dict:
     if not isinstance(value, dict):
         raise UsageError(f"{flag} must be a JSON object")
     return value
-
-
-def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """TRL's flag style on every llm-gym command: ``--num_seeds``, not ``--num-seeds``.
-
-    Each dashed long option becomes its snake_case spelling in help and errors; the dashed spelling still
-    parses as a hidden, deprecated alias (older scripts keep working). Applies to sub-commands too.
-    """
-    for action in list(parser._actions):
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):
-                snake_case_options(sub)
-            continue
-        renamed = []
-        for opt in action.option_strings:
-            if opt.startswith("--") and "-" in opt[2:]:
-                snake = "--" + opt[2:].replace("-", "_")
-                parser._option_string_actions[snake] = action  # the dashed one stays registered (hidden)
-                renamed.append(snake)
-            else:
-                renamed.append(opt)
-        action.option_strings = list(dict.fromkeys(renamed))
-    return parser
 
 
 def _load(path: str):

@@ -10,12 +10,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from llm_gym.trainer.chat_templates import (  # noqa: E402
+from llm_gym.trainer.chat_templates import (  # noqa: E402  # noqa: E402
+    ChatTemplateError,
+    ChatTemplateTokens,
     check_template,
     training_template_tokens,
     trl_training_template,
 )
-from llm_gym.trainer.rollouts import ChatTemplateError, ChatTemplateTokens, play_token_episodes  # noqa: E402
+from llm_gym.trainer.rollouts import play_token_episodes  # noqa: E402
 from trl.chat_template_utils import qwen3_chat_template, qwen3_training_chat_template  # noqa: E402
 
 from llm_gym.cli import main as llmgym  # noqa: E402

@@ -11,9 +11,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from llm_gym.trainer.chat_templates import ChatTemplateTokens, template_stop_ids  # noqa: E402
 from llm_gym.trainer.evaluate import EPISODES_FILE, main  # noqa: E402
 from llm_gym.trainer.policies import HFPolicy, OpenAIPolicy, SamplingParams  # noqa: E402
-from llm_gym.trainer.rollouts import ChatTemplateTokens, template_stop_ids  # noqa: E402
 
 from llm_gym.agent.chat import ChatFormat  # noqa: E402
 from llm_gym.agent.records import read_records  # noqa: E402

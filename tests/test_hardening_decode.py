@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes  # noqa: E402
+from llm_gym.trainer.chat_templates import ChatTemplateTokens  # noqa: E402
+from llm_gym.trainer.rollouts import play_token_episodes  # noqa: E402
 
 from tests._tiny import build_tiny_tokenizer  # noqa: E402
 

@@ -308,7 +308,8 @@ def test_low_validation_success_stop():
 def _ragen_chat_episode(reply, env_kwargs):
     """The chatml template and one FrozenLakeDeterministic episode (seed 0) in RAGEN's chat style in which the
     model answers ``reply`` every turn."""
-    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
+    from llm_gym.trainer.chat_templates import ChatTemplateTokens
+    from llm_gym.trainer.rollouts import play_token_episodes
 
     from llm_gym.agent.chat import ChatFormat
     from tests._tiny import build_tiny_tokenizer

@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from llm_gym.trainer.chat_templates import ChatTemplateError, ChatTemplateTokens  # noqa: E402
 from llm_gym.trainer.rollouts import (  # noqa: E402
-    ChatTemplateError,
-    ChatTemplateTokens,
     HFGenerate,
     parse_seed_prompt,
     play_token_episodes,

@@ -1,7 +1,7 @@
 """Chat templates for token-exact multi-turn training: check one, and swap in TRL's training variant if needed.
 
 Our rollouts never re-tokenise the history: the tokens between two model turns are the *difference* between the
-template rendered with ``k`` and ``k + 1`` turns (:class:`~llm_gym.trainer.rollouts.ChatTemplateTokens`). That
+template rendered with ``k`` and ``k + 1`` turns (:class:`ChatTemplateTokens`, used by :mod:`llm_gym.trainer.rollouts`). That
 needs a template that leaves earlier text unchanged when a turn is added. Thinking templates such as Qwen3's
 drop the reasoning of earlier assistant turns once a new user turn follows, so they fail that check.
 
@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_gym.trainer.rollouts import ChatTemplateTokens
-
 from llm_gym.agent.templates import (
     TEMPLATE_DEADLINE_S,
     ChatTemplateError,
@@ -35,6 +33,107 @@ from llm_gym.agent.templates import (
 logger = logging.getLogger(__name__)
 
 _PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+_SENTINEL = "XQZ_LLMGYM_SENTINEL_QZX"
+
+
+# ----------------------------------------------------------------------------------------- template tokens
+def _end_of_turn(tokenizer: Any, chat_template: str | None = None) -> tuple[int, str]:
+    """The special token that closes an assistant message in the chat template, and the template text from it
+    to the end of a rendered conversation (a probe chat ending in an assistant message)."""
+    probe = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": _SENTINEL},
+    ]
+    # untrusted code: sandboxed, with a deadline; any failure is a ChatTemplateError
+    full = render_chat_template(tokenizer, probe, add_generation_prompt=False, chat_template=chat_template)
+    at = full.rfind(_SENTINEL)
+    if at < 0:
+        raise ChatTemplateError(
+            "the chat template drops assistant message content; cannot build trajectories"
+        )
+    tail = full[at + len(_SENTINEL) :]
+    tail_ids = list(tokenizer(tail, add_special_tokens=False)["input_ids"])
+    if not tail_ids or tail_ids[0] not in set(tokenizer.all_special_ids):
+        raise ChatTemplateError(
+            f"cannot find the end-of-turn token after an assistant message (template renders {tail!r}); "
+            "the template must close assistant turns with a special token such as <|im_end|> or <|eot_id|>"
+        )
+    return int(tail_ids[0]), tail
+
+
+def template_stop_ids(tokenizer: Any, chat_template: str | None = None) -> list[int]:
+    """Where generation stops, in training rollouts and in ``llmgym-eval`` alike: the template's end-of-turn
+    token and the tokenizer's eos. A base model's tokenizer can have eos ``<|endoftext|>`` while its template
+    closes turns with ``<|im_end|>`` (Qwen2.5 base): stopping at eos only would run past the end of the turn."""
+    eot, _ = _end_of_turn(tokenizer, chat_template)
+    eos = tokenizer.eos_token_id
+    return sorted({eot, *([int(eos)] if eos is not None else [])})
+
+
+class ChatTemplateTokens:
+    """Token ids of prompts and of the template text between model turns, for one tokenizer.
+
+    On construction it renders a probe conversation to find the end-of-turn token that closes an assistant
+    message (``<|im_end|>``, ``<|eot_id|>``, ...) and the template text that follows it.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None):
+        if not (chat_template or getattr(tokenizer, "chat_template", None)):
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; multi-turn rollouts need one (use an instruct model or "
+                "pass --chat_template FILE)"
+            )
+        self.tokenizer = tokenizer
+        #: The template rendered (None: the tokenizer's own); e.g. TRL's training variant of a thinking template.
+        self.chat_template = chat_template
+        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        prompt = self.render(probe, add_generation_prompt=True)
+        full = self.render([*probe, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
+        self.end_of_turn_id, tail = _end_of_turn(tokenizer, chat_template)
+        self.end_of_turn_text: str = tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
+        #: Template text after the end-of-turn token of an assistant message (``"\n"`` for ChatML).
+        self.after_turn_text: str = (
+            tail[len(self.end_of_turn_text) :] if tail.startswith(self.end_of_turn_text) else ""
+        )
+        #: Whether the generation prompt is a plain prefix of a rendered assistant turn (informational).
+        self.prefix_preserving: bool = full.startswith(prompt)
+        self.stop_ids: list[int] = template_stop_ids(tokenizer, chat_template)
+        # Fail now, not at turn 2 of the first rollout, if the template rewrites history between turns.
+        self.between_turns_ids([*probe, {"role": "assistant", "content": _SENTINEL}], "U2")
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
+        return render_chat_template(
+            self.tokenizer,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def between_turns_ids(self, history: list[dict], next_user: str) -> list[int]:
+        """Ids that follow the end-of-turn token of the last assistant message in ``history`` up to the next
+        generation prompt: ``render(history + user, gen) - render(history)``, plus the text after end-of-turn."""
+        before = self.render(history, add_generation_prompt=False)
+        after = self.render([*history, {"role": "user", "content": next_user}], add_generation_prompt=True)
+        if not after.startswith(before):
+            k = next(
+                (i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after))
+            )
+            raise ChatTemplateError(
+                "the chat template is not prefix-preserving: adding the next turn changes earlier text at "
+                f"character {k} ({before[k : k + 40]!r} -> {after[k : k + 40]!r}). Token-level multi-turn training "
+                "needs a template that leaves history unchanged; pass --chat_template with one that does."
+            )
+        return self.encode(self.after_turn_text + after[len(before) :])
+
+
+# ----------------------------------------------------------------------------------------- checks and variants
 
 
 def trl_training_template(tokenizer: Any) -> str | None:
@@ -238,8 +337,11 @@ def _probe_details(check: TemplateCheck, tokenizer: Any) -> None:
 
 
 __all__ = [
+    "ChatTemplateError",
+    "ChatTemplateTokens",
     "TemplateCheck",
     "check_template",
+    "template_stop_ids",
     "training_template_tokens",
     "trl_training_template",
     "variant_name",

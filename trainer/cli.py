@@ -29,7 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.core.checks import is_int
 
 #: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
@@ -603,9 +603,9 @@ def _os_error(e: OSError) -> str:
 def run(config: Any, meta: dict[str, Any]) -> int:
     """Load the model (the heavy part) and train; prints success before and after training."""
     from llm_gym.trainer.algorithms import trainer_class
+    from llm_gym.trainer.chat_templates import ChatTemplateError
     from llm_gym.trainer.models import ModelError
     from llm_gym.trainer.precision import load_for_training
-    from llm_gym.trainer.rollouts import ChatTemplateError
 
     t0 = time.time()
     try:

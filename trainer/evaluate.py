@@ -30,6 +30,7 @@ from llm_gym.trainer.defaults import (
 )
 from llm_gym.trainer.output import RUN_CHAT_FIELDS, read_run_chat
 
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eval's statistics
     baseline_success,
     format_rate,
@@ -38,7 +39,6 @@ from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eva
 )
 from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT
 from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail, write_records
-from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.registration import resolve_env_id
 from llm_gym.safe_io import OutputLock, OutputLockedError, atomic_write_text
 from llm_gym.serve.protocol import parse_env_urls
@@ -301,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "interval, pass@k, mean turns, valid-action rate). Episodes go to episodes.jsonl, metrics to summary.json.",
         epilog=EXIT_CODES_HELP,
     )
+    # Flags are snake_case (TRL's style); a dashed second spelling is the older one, still parsed but not shown.
     p.add_argument(
         "--model",
         required=True,
@@ -312,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) instead of a local model",
     )
     p.add_argument(
+        "--api_key",
         "--api-key",
         help="bearer token for --endpoint (default: $OPENAI_API_KEY, which keeps it out of the process list); "
         "sent only to the endpoint's origin, never printed or recorded",
@@ -327,13 +329,27 @@ def build_parser() -> argparse.ArgumentParser:
         "episodes as in-process. The random-valid baseline still runs here",
     )
     p.add_argument(
-        "--env-kwargs", default="{}", help="JSON object passed to every gym.make, e.g. '{\"max_turns\": 5}'"
+        "--env_kwargs",
+        "--env-kwargs",
+        default="{}",
+        help="JSON object passed to every gym.make, e.g. '{\"max_turns\": 5}'",
     )
-    p.add_argument("--num-seeds", type=int, default=32, help="seeds per environment")
+    p.add_argument("--num_seeds", "--num-seeds", type=int, default=32, help="seeds per environment")
     p.add_argument(
-        "--seed-start", type=int, default=DEFAULT_SEED_START, help="first reset seed (seeds are consecutive)"
+        "--seed_start",
+        "--seed-start",
+        type=int,
+        default=DEFAULT_SEED_START,
+        help="first reset seed (seeds are consecutive)",
     )
-    p.add_argument("--samples-per-seed", "-n", type=int, default=1, help="episodes per seed (n for pass@k)")
+    p.add_argument(
+        "--samples_per_seed",
+        "--samples-per-seed",
+        "-n",
+        type=int,
+        default=1,
+        help="episodes per seed (n for pass@k)",
+    )
     p.add_argument("--k", type=int, nargs="+", help="pass@k values to report (default: 1 and n)")
     p.add_argument(
         "--temperature",
@@ -341,14 +357,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=EVAL_TEMPERATURE,
         help=f"sampling temperature (RAGEN-2 eval: {EVAL_TEMPERATURE}; 0 = greedy)",
     )
-    p.add_argument("--top-p", type=float, default=EVAL_TOP_P)
+    p.add_argument("--top_p", "--top-p", type=float, default=EVAL_TOP_P)
     p.add_argument(
+        "--max_new_tokens",
         "--max-new-tokens",
         type=int,
         default=MAX_NEW_TOKENS,
         help=f"tokens per reply (RAGEN: {MAX_NEW_TOKENS})",
     )
     p.add_argument(
+        "--history_window",
         "--history-window",
         type=int,
         default=None,
@@ -385,7 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"{what} (default: False)",
         )
     p.add_argument(
-        "--batch-size", type=int, default=32, help="episodes played together (one generate per turn)"
+        "--batch_size",
+        "--batch-size",
+        type=int,
+        default=32,
+        help="episodes played together (one generate per turn)",
     )
     p.add_argument("--concurrency", type=int, default=16, help="parallel requests with --endpoint")
     p.add_argument(
@@ -400,12 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="torch sampling seed for a local model")
     p.add_argument(
-        "--output-dir", "-o", default="llmgym_eval", help="where episodes.jsonl and summary.json go"
+        "--output_dir",
+        "--output-dir",
+        "-o",
+        default="llmgym_eval",
+        help="where episodes.jsonl and summary.json go",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="skip episodes already in episodes.jsonl")
     g.add_argument("--overwrite", action="store_true", help="replace an existing episodes.jsonl")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no_progress", "--no-progress", action="store_true", help="no progress bar")
     return snake_case_options(p)
 
 

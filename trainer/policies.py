@@ -73,7 +73,7 @@ class HFPolicy:
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        from llm_gym.trainer.rollouts import template_stop_ids
+        from llm_gym.trainer.chat_templates import template_stop_ids
 
         # the stop tokens of training rollouts: the template's end-of-turn token and eos
         self._eos = template_stop_ids(tokenizer)
@@ -100,7 +100,7 @@ class HFPolicy:
 
     @property
     def stop_ids(self) -> list[int]:
-        """Token ids that end a reply (the same as training's, ``rollouts.template_stop_ids``)."""
+        """Token ids that end a reply (the same as training's, ``chat_templates.template_stop_ids``)."""
         return list(self._eos)
 
     def __call__(self, batch: list[list[dict]], generation_prefix: str = "") -> list[str]:

@@ -7,7 +7,9 @@ environment or the template contributed (observations, role headers, an end-of-t
 Ids are concatenated, never re-tokenised from decoded text: the tokens between two model turns are the
 *difference* between the chat template rendered with ``k`` and with ``k + 1`` turns, which also handles templates
 whose generation prompt is not a plain prefix of the rendered assistant turn. If even that difference is not a
-prefix (a template that rewrites history, e.g. dropping earlier reasoning), :class:`ChatTemplateError` says so.
+prefix (a template that rewrites history, e.g. dropping earlier reasoning),
+:class:`~llm_gym.agent.templates.ChatTemplateError` says so (the template glue,
+:class:`~llm_gym.trainer.chat_templates.ChatTemplateTokens`, lives in :mod:`llm_gym.trainer.chat_templates`).
 
 All active environments of a turn are generated in one batch (left padding + attention mask). With several
 processes, every rank runs the same number of generation calls (finished ranks feed a dummy row) so that FSDP /
@@ -26,10 +28,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.trainer.chat_templates import ChatTemplateTokens, training_template_tokens
+
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.agent.records import EpisodeRecord, TurnRecord
 from llm_gym.agent.rollout import MAX_TURNS_GUARD
-from llm_gym.agent.templates import ChatTemplateError, render_chat_template
 from llm_gym.core.checks import is_int
 from llm_gym.registration import make_env, pick_env_url
 
@@ -39,7 +42,6 @@ logger = logging.getLogger(__name__)
 GenerateFn = Callable[[list[list[int]], list[int]], tuple[list[list[int]], list[list[float]]]]
 
 _SEED_RE = re.compile(r'^\s*\{\s*"llmgym_seed"\s*:\s*(\d+)\s*\}\s*$')
-_SENTINEL = "XQZ_LLMGYM_SENTINEL_QZX"
 
 
 # ------------------------------------------------------------------------------------------- seeds in prompts
@@ -65,103 +67,6 @@ def seed_dataset(seeds: Sequence[int]):
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": [seed_prompt(int(s)) for s in seeds]})
-
-
-# ----------------------------------------------------------------------------------------- chat template glue
-def _end_of_turn(tokenizer: Any, chat_template: str | None = None) -> tuple[int, str]:
-    """The special token that closes an assistant message in the chat template, and the template text from it
-    to the end of a rendered conversation (a probe chat ending in an assistant message)."""
-    probe = [
-        {"role": "system", "content": "S"},
-        {"role": "user", "content": "U"},
-        {"role": "assistant", "content": _SENTINEL},
-    ]
-    # untrusted code: sandboxed, with a deadline; any failure is a ChatTemplateError
-    full = render_chat_template(tokenizer, probe, add_generation_prompt=False, chat_template=chat_template)
-    at = full.rfind(_SENTINEL)
-    if at < 0:
-        raise ChatTemplateError(
-            "the chat template drops assistant message content; cannot build trajectories"
-        )
-    tail = full[at + len(_SENTINEL) :]
-    tail_ids = list(tokenizer(tail, add_special_tokens=False)["input_ids"])
-    if not tail_ids or tail_ids[0] not in set(tokenizer.all_special_ids):
-        raise ChatTemplateError(
-            f"cannot find the end-of-turn token after an assistant message (template renders {tail!r}); "
-            "the template must close assistant turns with a special token such as <|im_end|> or <|eot_id|>"
-        )
-    return int(tail_ids[0]), tail
-
-
-def template_stop_ids(tokenizer: Any, chat_template: str | None = None) -> list[int]:
-    """Where generation stops, in training rollouts and in ``llmgym-eval`` alike: the template's end-of-turn
-    token and the tokenizer's eos. A base model's tokenizer can have eos ``<|endoftext|>`` while its template
-    closes turns with ``<|im_end|>`` (Qwen2.5 base): stopping at eos only would run past the end of the turn."""
-    eot, _ = _end_of_turn(tokenizer, chat_template)
-    eos = tokenizer.eos_token_id
-    return sorted({eot, *([int(eos)] if eos is not None else [])})
-
-
-class ChatTemplateTokens:
-    """Token ids of prompts and of the template text between model turns, for one tokenizer.
-
-    On construction it renders a probe conversation to find the end-of-turn token that closes an assistant
-    message (``<|im_end|>``, ``<|eot_id|>``, ...) and the template text that follows it.
-    """
-
-    def __init__(self, tokenizer: Any, chat_template: str | None = None):
-        if not (chat_template or getattr(tokenizer, "chat_template", None)):
-            raise ChatTemplateError(
-                "the tokenizer has no chat template; multi-turn rollouts need one (use an instruct model or "
-                "pass --chat_template FILE)"
-            )
-        self.tokenizer = tokenizer
-        #: The template rendered (None: the tokenizer's own); e.g. TRL's training variant of a thinking template.
-        self.chat_template = chat_template
-        probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        prompt = self.render(probe, add_generation_prompt=True)
-        full = self.render([*probe, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False)
-        self.end_of_turn_id, tail = _end_of_turn(tokenizer, chat_template)
-        self.end_of_turn_text: str = tokenizer.convert_ids_to_tokens(self.end_of_turn_id)
-        #: Template text after the end-of-turn token of an assistant message (``"\n"`` for ChatML).
-        self.after_turn_text: str = (
-            tail[len(self.end_of_turn_text) :] if tail.startswith(self.end_of_turn_text) else ""
-        )
-        #: Whether the generation prompt is a plain prefix of a rendered assistant turn (informational).
-        self.prefix_preserving: bool = full.startswith(prompt)
-        self.stop_ids: list[int] = template_stop_ids(tokenizer, chat_template)
-        # Fail now, not at turn 2 of the first rollout, if the template rewrites history between turns.
-        self.between_turns_ids([*probe, {"role": "assistant", "content": _SENTINEL}], "U2")
-
-    def render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
-        return render_chat_template(
-            self.tokenizer,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=self.chat_template,
-        )
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True))
-
-    def between_turns_ids(self, history: list[dict], next_user: str) -> list[int]:
-        """Ids that follow the end-of-turn token of the last assistant message in ``history`` up to the next
-        generation prompt: ``render(history + user, gen) - render(history)``, plus the text after end-of-turn."""
-        before = self.render(history, add_generation_prompt=False)
-        after = self.render([*history, {"role": "user", "content": next_user}], add_generation_prompt=True)
-        if not after.startswith(before):
-            k = next(
-                (i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after))
-            )
-            raise ChatTemplateError(
-                "the chat template is not prefix-preserving: adding the next turn changes earlier text at "
-                f"character {k} ({before[k : k + 40]!r} -> {after[k : k + 40]!r}). Token-level multi-turn training "
-                "needs a template that leaves history unchanged; pass --chat_template with one that does."
-            )
-        return self.encode(self.after_turn_text + after[len(before) :])
 
 
 # ----------------------------------------------------------------------------------------------- the episodes
@@ -461,8 +366,6 @@ class EnvRolloutFunc:
 
     def __init__(self, args: Any, tokenizer: Any):
         self.args = args
-        from llm_gym.trainer.chat_templates import training_template_tokens
-
         # The tokenizer's template, or TRL's training variant of one that rewrites history (logged).
         self.template = training_template_tokens(tokenizer)
         #: The :class:`RolloutInfo` of the latest call (None before the first).
