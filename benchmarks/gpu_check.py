@@ -83,7 +83,7 @@ def load_profile(env: str, profile: str = "recommended", path: str | None = None
 
     if path is None:
         import llm_gym.trainer as pkg
-        from llm_gym.trainer.cli import load_profile as load_merged
+        from llm_gym.trainer.resolve import load_profile as load_merged
 
         # the environment's file on top of the profile's _common.yaml, as llmgym-train reads it
         data = load_merged(Path(pkg.__file__).parent / "profiles" / profile / f"{env.lower()}.yaml")

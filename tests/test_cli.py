@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("trl")
 
 import llm_gym.trainer.models as models  # noqa: E402
-from llm_gym.trainer.cli import CPU_SETTINGS, available_profiles, main, resolve_config  # noqa: E402
+from llm_gym.trainer.cli import main  # noqa: E402
+from llm_gym.trainer.resolve import CPU_SETTINGS, available_profiles, resolve_config  # noqa: E402
 
 from llm_gym.registration import resolve_env_id  # noqa: E402
 from tests._tiny import CHAT_TEMPLATES, tiny_train_argv  # noqa: E402
@@ -229,16 +230,16 @@ def test_profiles_short_output_flag_and_unknown_profile(capsys, tmp_path, tiny_d
 
 
 def test_a_named_profile_is_used_and_must_cover_the_env(tmp_path, monkeypatch):
-    import llm_gym.trainer.cli as cli
+    import llm_gym.trainer.resolve as resolve
 
     (tmp_path / "recommended").mkdir()
     (tmp_path / "proto").mkdir()
     (tmp_path / "proto" / "bandit.yaml").write_text("max_new_tokens: 77\nalgo: drgrpo\n")
-    monkeypatch.setattr(cli, "PROFILE_DIR", tmp_path)
+    monkeypatch.setattr(resolve, "PROFILE_DIR", tmp_path)
     cfg, meta = resolve_config(["--env", "Bandit", "--profile", "proto"], gpu=False, log=lambda *_: None)
     assert meta["algo"] == "drgrpo" and meta["profile"] == "proto" and cfg.loss_type == "dr_grpo"
     assert cfg.max_new_tokens == min(77, CPU_SETTINGS["max_new_tokens"])
-    with pytest.raises(cli.ConfigError, match="profile 'proto' has no settings for llmgym/Sokoban-v0"):
+    with pytest.raises(resolve.ConfigError, match="profile 'proto' has no settings for llmgym/Sokoban-v0"):
         resolve_config(["--env", "Sokoban", "--profile", "proto"], gpu=False, log=lambda *_: None)
     # the default profile may leave an environment out: then no profile layer applies
     cfg, _ = resolve_config(["--env", "Sokoban"], gpu=False, log=lambda *_: None)
@@ -268,6 +269,54 @@ def test_help_hides_dashed_aliases_and_negated_flags_say_what_they_do(capsys):
     assert cfg.max_new_tokens == 7 and cfg.whiten_advantages is False
     cfg, _ = resolve_config(["--env", "Bandit"], gpu=False, log=lambda *_: None)
     assert cfg.whiten_advantages is True
+
+
+def test_help_is_in_sections_with_the_common_options_first(capsys):
+    import dataclasses
+    import re
+
+    from llm_gym.trainer.config import FilterArguments, LLMGymGRPOConfig
+    from llm_gym.trainer.flags import HELP_GROUPS, RunOptions, help_group_of
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any(line.startswith("  --model MODEL") for line in lines[:20])  # not at line 1,528 any more
+    assert (
+        lines[0].startswith("usage: llmgym-train [--model MODEL]") and lines.index("") <= 3
+    )  # not 246 lines
+    headings = [line[:-1] for line in lines if re.fullmatch(r"[A-Za-z][A-Za-z ]*:", line)]
+    assert headings == ["options", *HELP_GROUPS]
+    # every flag is listed once, in one section: none lost in the regrouping
+    listed = re.findall(r"^  (--[a-z0-9_]+)", out, flags=re.M)
+    assert len(listed) == len(set(listed))
+    expected = {f"--{f.name}" for f in dataclasses.fields(LLMGymGRPOConfig) if f.init}
+    expected |= {f"--{f.name}" for f in dataclasses.fields(RunOptions)}
+    assert expected <= set(listed)
+    # a field of a config group lands in that group's section by itself
+    groups = help_group_of(LLMGymGRPOConfig)
+    assert {groups[f.name] for f in dataclasses.fields(FilterArguments)} == {"SNR filter"}
+    assert groups["group_dynamics"] == "rollouts" and groups["learning_rate"] == "algorithm"
+
+
+def test_run_options_are_declared_once_and_reach_meta(tmp_path):
+    import dataclasses
+
+    from llm_gym.trainer.flags import RunOptions
+
+    argv = ["--env", "Bandit", "--gpu_memory_gib", "24", "--resume", "-o", str(tmp_path)]
+    _, meta = resolve_config([*argv, "--set", "max_steps=3"], gpu=False, log=lambda *_: None)
+    assert {f.name for f in dataclasses.fields(RunOptions)} <= set(meta)
+    assert meta["gpu_memory_gib"] == 24.0 and meta["resume"] == "latest" and meta["set"] == ["max_steps=3"]
+    assert meta["dry_run"] is False and meta["overwrite_output_dir"] is False
+
+
+def test_dry_run_with_a_misspelt_env_says_did_you_mean(capsys, tiny_dir):
+    # with --dry_run no CPU settings apply, so max_steps is unset: the env name must be reported first
+    err = _fails(
+        capsys, ["--env", "Sokobn", "--model", tiny_dir, "--dry_run"], "unknown environment 'Sokobn'"
+    )
+    assert "did you mean 'Sokoban'" in err and "max_steps" not in err
 
 
 @pytest.mark.parametrize("extra", [["--max_steps", "-3"], ["--max_steps", "0"], ["--max_steps", "-1"]])

@@ -38,7 +38,7 @@ def test_the_typed_view_of_the_lora_fields_is_trls():
 
 
 def test_flags_names_and_defaults_are_trls(tmp_path):
-    from llm_gym.trainer.cli import resolve_config
+    from llm_gym.trainer.resolve import resolve_config
     from trl import ModelConfig, get_peft_config
 
     defaults = ModelConfig()

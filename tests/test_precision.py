@@ -159,8 +159,8 @@ def test_backend_from_the_launcher_or_the_config():
 
 # ------------------------------------------------------------------------------------------ config field
 def test_dtype_is_a_validated_config_field_and_a_flag(tmp_path):
-    from llm_gym.trainer.cli import resolve_config
     from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.resolve import resolve_config
 
     from tests._tiny import tiny_config_kwargs
 
@@ -261,7 +261,7 @@ def test_update_precision_benchmark_quick_mode(capsys):
 
 
 def test_ragen2_profile_trains_float32_weights_with_bf16_autocast(tmp_path):
-    from llm_gym.trainer.cli import resolve_config
+    from llm_gym.trainer.resolve import resolve_config
 
     args, _ = resolve_config(
         ["--env", "Sokoban", "--profile", "ragen2", "-o", str(tmp_path)],

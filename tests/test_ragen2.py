@@ -354,7 +354,7 @@ def test_ragen_chat_style_puts_think_in_the_prompt_not_in_the_trained_tokens():
 
 # ------------------------------------------------------------------------------------------ the profile
 def _resolve(*argv):
-    from llm_gym.trainer.cli import resolve_config
+    from llm_gym.trainer.resolve import resolve_config
 
     return resolve_config(list(argv), gpu=True, log=lambda *_: None, dry_run=True)
 
@@ -456,7 +456,7 @@ def test_ragen2_parses_every_env_with_ragens_parser(env):
 
 
 def test_ragen2_refuses_an_environment_it_does_not_cover():
-    from llm_gym.trainer.cli import ConfigError
+    from llm_gym.trainer.resolve import ConfigError
 
     with pytest.raises(ConfigError, match="ragen2"):
         _resolve("--env", "Bandit", "--profile", "ragen2")
@@ -702,8 +702,8 @@ def test_one_ragen2_sokoban_step_on_a_one_layer_qwen_3b_shaped_model(tmp_path):
     learning rates are the profile's (1e-6 actor, 1e-5 critic): one step changes nearly every trainable element
     of both. Every other setting is the profile's GPU setting (``use_cpu`` runs its bf16 autocast on the CPU)."""
     from llm_gym.trainer.algorithms import trainer_class
-    from llm_gym.trainer.cli import resolve_config
     from llm_gym.trainer.precision import changed_fraction, load_for_training
+    from llm_gym.trainer.resolve import resolve_config
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests._tiny import build_tiny_tokenizer

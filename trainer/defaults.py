@@ -18,6 +18,8 @@ EVAL_TEMPERATURE = 0.5
 EVAL_TOP_P = 1.0
 #: Tokens the model may generate per turn (RAGEN: ``max_tokens`` 400).
 MAX_NEW_TOKENS = 400
+#: ``llmgym-train --profile``'s default: our recommended settings per environment (``trainer/profiles/recommended``).
+DEFAULT_PROFILE = "recommended"
 #: Episode records file name (the :mod:`llm_gym.agent.records` JSONL the viewer reads).
 EPISODES_FILE = "episodes.jsonl"
 
@@ -38,6 +40,7 @@ MI_SCORERS = ("cached", "trl")
 
 __all__ = [
     "CRITIC_MODELS",
+    "DEFAULT_PROFILE",
     "EPISODES_FILE",
     "EVAL_SEED",
     "EVAL_TEMPERATURE",
