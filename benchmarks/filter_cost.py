@@ -1,6 +1,6 @@
 """Cost of the SNR filter itself as a fraction of the training step (RAGEN-2: < 0.1% of iteration time).
 
-Times ``llm_gym.trainer.signals.after_scoring`` with MI off (group scoring, top_p selection, physical row
+Times ``llm_gym.trainer.signals.decide_round`` with MI off (group scoring, top_p selection, physical row
 removal, ``num_items_in_batch`` recomputation, metrics) on a full rollout batch, against the update
 of the same unfiltered batch (loss forward+backward+optimizer, through the real trainer) in the same
 run; both in process CPU seconds (min of repeats for the filter). The update is only part of a step (rollouts come on top) and the model here is small, so the
@@ -66,12 +66,12 @@ def main() -> None:
         costs = []
         for _ in range(a.repeats):
             start = time.process_time()  # same clock as update_seconds
-            filtered(tr, out, rewards, strategy)
+            decision = filtered(tr, out, rewards, strategy)
             costs.append(time.process_time() - start)
         filter_s = min(costs)
-        kept = tr.signal_state.last["snr/kept_frac"]
+        kept = decision.metrics["snr/kept_frac"]
         opt = torch.optim.AdamW(tr.model.parameters(), lr=1e-6)
-        full = filtered(tr, out, rewards, "off")
+        full = filtered(tr, out, rewards, "off").batch
         update_seconds(tr, full, opt)  # warm-up
         update_s = update_seconds(tr, full, opt)
         frac = filter_s / update_s

@@ -1,7 +1,7 @@
 """Update time with SNR filtering vs the same batch without it (RAGEN-2's step-time saving).
 
 One rollout batch of P groups x G samples (synthetic token ids, realistic masks) goes through the
-real ``LLMGymGRPOTrainer`` update path: ``llm_gym.trainer.signals.after_scoring`` (filter), TRL's shuffle and
+real ``LLMGymGRPOTrainer`` update path: ``llm_gym.trainer.signals.decide_round`` (filter), TRL's shuffle and
 ``split_tensor_dict`` into ``steps_per_generation`` micro-batches, ``compute_loss`` + ``backward`` per
 micro-batch, one ``optimizer.step()``. Only the update is timed, in process CPU seconds (min of repeats), so
 other processes on a shared machine do not distort it. The reference is the unfiltered batch
@@ -114,13 +114,13 @@ def synthetic_batch(tr, prompt_len: int, completion_len: int, kept_groups: int, 
 
 
 def filtered(tr, out, rewards, strategy: str, drop: str = "remove"):
-    """Run the real filter hook on a copy of ``out`` with the given strategy."""
+    """Run the real filter on a copy of ``out`` with the given strategy; returns its ``RoundDecision``."""
     from llm_gym.trainer.batch import episode_rewards
-    from llm_gym.trainer.signals import after_scoring
+    from llm_gym.trainer.signals import decide_round
 
     tr.args.filter_strategy, tr.args.filter_drop = strategy, drop
     scores = episode_rewards(rewards, tr.reward_weights).double().numpy()
-    return after_scoring(tr, copy.copy(out), scores, tr.signal_state)
+    return decide_round(tr, copy.copy(out), scores, tr.signal_state)
 
 
 def update_seconds(tr, out, optimizer) -> float:
@@ -135,14 +135,13 @@ def update_seconds(tr, out, optimizer) -> float:
     return time.process_time() - start
 
 
-def proportional_update_seconds(tr, out, optimizer) -> tuple[float, int]:
+def proportional_update_seconds(tr, out, optimizer, real: int | None = None) -> tuple[float, int]:
     """The round the way ``filter_update_steps="proportional"`` trains it: the trainer's split into micro-batches
-    (kept rows first, empty ones after), an optimizer step per update batch that has rows, none for the others.
-    Returns (CPU seconds, optimizer steps taken)."""
+    (kept rows first, empty ones after), an optimizer step per update batch that has rows (the first ``real``
+    micro-batches; None: all), none for the others. Returns (CPU seconds, optimizer steps taken)."""
     from llm_gym.trainer.batch import split_micro_batches
 
     spg, ga = tr.args.steps_per_generation, tr.args.gradient_accumulation_steps
-    real = tr.signal_state.real_micro_batches
     real = spg if real is None else real
     start = time.process_time()
     chunks, _ = split_micro_batches(out, tr.args.per_device_train_batch_size, spg)
@@ -182,20 +181,18 @@ def proportional_table(a, kept_list: list[int]) -> float:
     )
     worst = 0.0
     out0, r0 = synthetic_batch(tr, a.prompt_len, a.completion_len, a.groups)
-    full_b = filtered(tr, out0, r0, "top_p")  # every group has variance: the whole round
+    full_b = filtered(tr, out0, r0, "top_p").batch  # every group has variance: the whole round
     proportional_update_seconds(tr, full_b, opt)  # warm-up
     for k in kept_list:
         out, rewards = synthetic_batch(tr, a.prompt_len, a.completion_len, k)
-        kept_b = filtered(tr, out, rewards, "top_p")
-        copies = int(tr.signal_state.last["snr/padding_rows"])
-        kept_frac = tr.signal_state.last["snr/kept_frac"]
-        kept_real = tr.signal_state.real_micro_batches
+        decision = filtered(tr, out, rewards, "top_p")
+        kept_b = decision.batch
+        copies = int(decision.metrics["snr/padding_rows"])
+        kept_frac = decision.metrics["snr/kept_frac"]
         full, kept, steps = [], [], 0
         for _ in range(a.repeats):
-            tr.signal_state.real_micro_batches = None  # the unfiltered round takes every step
-            full.append(proportional_update_seconds(tr, full_b, opt)[0])
-            tr.signal_state.real_micro_batches = kept_real
-            t, steps = proportional_update_seconds(tr, kept_b, opt)
+            full.append(proportional_update_seconds(tr, full_b, opt)[0])  # the unfiltered round: every step
+            t, steps = proportional_update_seconds(tr, kept_b, opt, decision.update_micro_batches)
             kept.append(t)
         tf, tk = min(full), min(kept)
         ratio = tk / tf
@@ -246,7 +243,7 @@ def main() -> None:
         f"{a.prompt_len}+{a.completion_len} tokens; {tr.args.steps_per_generation} micro-batches of {a.micro_batch}"
     )
     out0, r0 = synthetic_batch(tr, a.prompt_len, a.completion_len, a.groups)
-    update_seconds(tr, filtered(tr, out0, r0, "off"), opt)  # warm-up
+    update_seconds(tr, filtered(tr, out0, r0, "off").batch, opt)  # warm-up
     print("update CPU seconds, min of repeats; ratio = filtered / full")
     print(
         f"{'kept':>9} {'rows':>5} {'pad':>4} {'full':>8} {'filtered':>9} {'mask':>8} {'ratio':>6} {'gap pp':>7}"
@@ -254,11 +251,12 @@ def main() -> None:
     worst = 0.0
     for k in [int(x) for x in a.kept.split(",")]:
         out, rewards = synthetic_batch(tr, a.prompt_len, a.completion_len, k)
-        full_b = filtered(tr, out, rewards, "off")
-        kept_b = filtered(tr, out, rewards, "top_p")
-        pad = int(tr.signal_state.last["snr/padding_rows"])
-        kept_frac = tr.signal_state.last["snr/kept_frac"]
-        mask_b = filtered(tr, out, rewards, "top_p", drop="mask")
+        full_b = filtered(tr, out, rewards, "off").batch
+        decision = filtered(tr, out, rewards, "top_p")
+        kept_b = decision.batch
+        pad = int(decision.metrics["snr/padding_rows"])
+        kept_frac = decision.metrics["snr/kept_frac"]
+        mask_b = filtered(tr, out, rewards, "top_p", drop="mask").batch
         full, kept, masked = [], [], []
         for _ in range(a.repeats):  # interleaved so drift hits all three alike
             full.append(update_seconds(tr, full_b, opt))

@@ -132,13 +132,13 @@ class Probe(TrainerCallback):
     def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._before = {
             **self._snapshot(model, optimizer),
-            "skipped_steps": self.trainer.signal_state.skipped_steps,
+            "skipped_steps": self.trainer.skipped_steps,
         }
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         sig = self.trainer.signal_state
         after = self._snapshot(model, optimizer)
-        skipped = sig.skipped_steps - self._before["skipped_steps"]
+        skipped = self.trainer.skipped_steps - self._before["skipped_steps"]
         acc = self.trainer.accelerator
         mine = torch.tensor([state.global_step, skipped, sig.rounds, sig.consecutive_empty], dtype=torch.long)
         every = acc.gather(mine.to(acc.device)).reshape(acc.num_processes, -1).cpu().tolist()

@@ -123,7 +123,7 @@ def test_grpo_trains_only_the_adapter_and_a_skipped_round_changes_nothing(tiny_d
     snaps = Snapshots(tr)
     tr.add_callback(snaps)
     tr.train()
-    assert tr.state.global_step == 2 and tr.signal_state.skipped_steps == 1
+    assert tr.state.global_step == 2 and tr.skipped_steps == 1
     lora1, opt1 = snaps.steps[1]
     lora2, opt2 = snaps.steps[2]
     assert any(not torch.equal(lora0[n], lora1[n]) for n in lora0 if "lora_B" in n)  # step 1 trained

@@ -248,17 +248,20 @@ class _State:
 
 
 def test_reward_std_collapse_stop_follows_ragens_rule():
-    from llm_gym.trainer.callbacks import RewardStdCollapseCallback
-    from llm_gym.trainer.signals import SignalState
+    from types import SimpleNamespace
 
-    st = SignalState()
-    cb = RewardStdCollapseCallback(st, 0.1, 3)
+    from llm_gym.trainer.callbacks import RewardStdCollapseCallback, StopSignal
+    from llm_gym.trainer.signals import RoundDecision
+
+    trainer, stop = SimpleNamespace(last_round=None), StopSignal()
+    cb = RewardStdCollapseCallback(trainer, stop, 0.1, 3)
     ctrl = _Control()
+    rounds = []
 
     def round_(std, skip=False):
-        st.rounds += 1
-        st.skip = skip
-        st.last = {"snr/group_std_before": std}
+        rounds.append(std)
+        metrics = {"snr/group_std_before": std}
+        trainer.last_round = RoundDecision(index=len(rounds) - 1, batch={}, skip=skip, metrics=metrics)
         cb.on_step_end(None, _State(), ctrl)
 
     for v in (1.0, 2.0, 3.0):  # baseline 2.0
@@ -272,15 +275,13 @@ def test_reward_std_collapse_stop_follows_ragens_rule():
     round_(0.1)
     assert not ctrl.should_training_stop
     round_(0.1)
-    assert ctrl.should_training_stop and "collapsed" in st.stop_reason
+    assert ctrl.should_training_stop and "collapsed" in stop.reason
 
 
 def test_low_validation_success_stop():
-    from llm_gym.trainer.callbacks import LowSuccessStopCallback
-    from llm_gym.trainer.signals import SignalState
+    from llm_gym.trainer.callbacks import LowSuccessStopCallback, StopSignal
 
-    st = SignalState()
-    cb = LowSuccessStopCallback(st, 0.01, 2)
+    cb = LowSuccessStopCallback(StopSignal(), 0.01, 2)
     ctrl = _Control()
     # llmgym-train evaluates before train(): RAGEN never counts its validation before training
     for _ in range(3):
@@ -294,7 +295,7 @@ def test_low_validation_success_stop():
     cb.on_evaluate(None, _State(), ctrl, metrics={"eval_env/success": 0.0})
     assert ctrl.should_training_stop
     # a resumed run continues the restored count; evaluations after train() do not count either
-    resumed = LowSuccessStopCallback(SignalState(), 0.01, 2)
+    resumed = LowSuccessStopCallback(StopSignal(), 0.01, 2)
     resumed.load_state_dict({"low": 1})
     resumed.on_evaluate(None, _State(), _Control(), metrics={"eval_env/success": 0.0})  # before train()
     resumed.on_train_begin(None, _State(), _Control())
@@ -613,7 +614,7 @@ def test_proportional_mode_takes_fewer_optimizer_steps_and_skips_the_rest(tiny_d
     # step 1 trained on group 0; step 2 had no rows: weights and optimizer state untouched
     assert any(not torch.equal(before[1][n], p0[n]) for n in p0)
     assert all(torch.equal(before[2][n], before[1][n]) for n in p0)
-    assert tr.signal_state.skipped_steps == 1
+    assert tr.skipped_steps == 1
 
 
 def test_trainer_loss_with_drgrpo_aggregation_scales_entropy_like_policy(tiny_dir, tmp_path):
@@ -954,7 +955,7 @@ def test_filter_loss_scaling_multiplies_the_final_advantages(tiny_dir, tmp_path,
 
     tr.compute_advantages, tr._generate_and_score_completions = spy_hook, spy_score
     tr.train()
-    assert tr.signal_state.loss_scale == 0.5  # one of two groups kept
+    assert tr.last_round.loss_scale == 0.5  # one of two groups kept
     final = captured["final"]
     assert final.shape[0] == 2  # the kept group; group 0 comes first in either timing
     hook_adv = captured["hook"][:2, : final.shape[1]] if final.dim() == 2 else captured["hook"][:2]
@@ -974,5 +975,5 @@ def test_proportional_mode_round_with_nothing_kept_takes_no_step(tiny_dir, tmp_p
     p0 = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     tr.train()
     assert tr.state.log_history[0]["snr/update_steps"] == 0
-    assert tr.signal_state.skipped_steps == 2
+    assert tr.skipped_steps == 2
     assert all(torch.equal(p, p0[n]) for n, p in tr.model.named_parameters())

@@ -60,12 +60,9 @@ def test_a_resumed_run_has_the_signal_state_of_an_uninterrupted_one(tiny_dir, tm
     # the tiny model's rounds keep no group: the empty streak spans the resume (a fresh state would say 2)
     assert a["signal_state"]["consecutive_empty"] == 4
     assert a["signal_state"]["ema"], "MI ran, so its EMAs are part of the state"
-    assert "RewardStdCollapseCallback" in a["callbacks"]
-    for state in (a, b):  # wall-clock timings differ between runs
-        state["signal_state"]["last"] = {
-            k: v for k, v in state["signal_state"]["last"].items() if not k.endswith("seconds")
-        }
-    assert b == a  # counters, EMAs, generator states, early-stop state
+    assert "RewardStdCollapseCallback" in a["callbacks"] and "EmptyStopCallback" in a["callbacks"]
+    assert a["skipped_steps"] == 4  # every round kept nothing: every optimizer step was a no-op
+    assert b == a  # counters, EMAs, generator states, skipped steps, early-stop state
     # the records cadence continued: training rounds at steps 0 and 3 only, in both runs
     from llm_gym.agent.records import read_records
 
@@ -162,27 +159,35 @@ def test_other_ranks_take_rank_0s_resume_choice(tiny_dir, tmp_path, monkeypatch)
 def test_early_stop_callbacks_round_trip_their_state():
     from types import SimpleNamespace
 
-    from llm_gym.trainer.callbacks import LowSuccessStopCallback, RewardStdCollapseCallback
-    from llm_gym.trainer.signals import SignalState
+    from llm_gym.trainer.callbacks import (
+        EmptyStopCallback,
+        LowSuccessStopCallback,
+        RewardStdCollapseCallback,
+        StopSignal,
+    )
+    from llm_gym.trainer.signals import RoundDecision, SignalState
 
-    st = SignalState()
-    cb = RewardStdCollapseCallback(st, 0.5, 2)
+    trainer, stop = SimpleNamespace(last_round=None), StopSignal()
+    cb = RewardStdCollapseCallback(trainer, stop, 0.5, 2)
     control = SimpleNamespace(should_training_stop=False)
-    for std in (1.0, 0.8, 0.3):  # baseline from the first two rounds, then one low round
-        st.rounds += 1
-        st.last = {"snr/group_std_before": std}
-        cb.on_step_end(None, SimpleNamespace(global_step=st.rounds), control)
+    for i, std in enumerate((1.0, 0.8, 0.3)):  # baseline from the first two rounds, then one low round
+        trainer.last_round = RoundDecision(index=i, batch={}, metrics={"snr/group_std_before": std})
+        cb.on_step_end(None, SimpleNamespace(global_step=i + 1), control)
     data = json.loads(json.dumps(cb.state_dict()))
-    again = RewardStdCollapseCallback(st, 0.5, 2)
+    again = RewardStdCollapseCallback(trainer, stop, 0.5, 2)
     again.load_state_dict(data)
     assert again.base == cb.base == 0.9 and list(again.recent) == [0.3] and again.seen_round == 3
-    st.rounds += 1
-    st.last = {"snr/group_std_before": 0.2}
+    trainer.last_round = RoundDecision(index=3, batch={}, metrics={"snr/group_std_before": 0.2})
     again.on_step_end(None, SimpleNamespace(global_step=4), control)  # the second low round in a row: stop
-    assert control.should_training_stop and "reward std collapsed" in st.stop_reason
-    low = LowSuccessStopCallback(SignalState(), 0.5, 3)
+    assert control.should_training_stop and "reward std collapsed" in stop.reason
+    # the shared stop reason is saved (by the empty-round stop) and stops a resumed run again
+    saved = json.loads(json.dumps(EmptyStopCallback(SignalState(), stop).state_dict()))
+    fresh = StopSignal()
+    EmptyStopCallback(SignalState(), fresh).load_state_dict(saved)
+    assert fresh.reason == stop.reason
+    low = LowSuccessStopCallback(StopSignal(), 0.5, 3)
     low.on_train_begin(None, SimpleNamespace(global_step=0), control)  # only evaluations inside train() count
     low.on_evaluate(None, SimpleNamespace(global_step=1), control, metrics={"eval_env/success": 0.1})
-    restored = LowSuccessStopCallback(SignalState(), 0.5, 3)
+    restored = LowSuccessStopCallback(StopSignal(), 0.5, 3)
     restored.load_state_dict(json.loads(json.dumps(low.state_dict())))
     assert restored.low == 1

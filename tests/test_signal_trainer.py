@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from llm_gym.trainer.batch import loss_mask
-from llm_gym.trainer.signals import SignalState, after_scoring, log_mi
+from llm_gym.trainer.signals import SignalState, decide_round, mi_metrics
 
 from tests._tiny import make_tiny_trainer, tiny_run_kwargs
 
@@ -27,7 +27,7 @@ def rewards_with_variance_in(groups):
 
 
 class Spy:
-    """Records every batch before/after ``after_scoring`` and every batch that reaches the loss."""
+    """Records every batch before/after ``decide_round`` and every batch that reaches the loss."""
 
     def __init__(self, tr):
         self.before, self.after, self.loss_inputs = [], [], []
@@ -42,11 +42,11 @@ class Spy:
 
         tr.compute_loss = spy_loss
 
-    def after_scoring(self, trainer, out, rewards, state):
+    def decide_round(self, trainer, out, rewards, state):
         self.before.append({k: v.clone() for k, v in out.items() if torch.is_tensor(v)})
-        res = after_scoring(trainer, out, rewards, state)
-        self.after.append(res)
-        return res
+        decision = decide_round(trainer, out, rewards, state)
+        self.after.append(decision.batch)
+        return decision
 
 
 def make(tiny_dir, tmp_path, monkeypatch, reward, **overrides):
@@ -62,7 +62,7 @@ def make(tiny_dir, tmp_path, monkeypatch, reward, **overrides):
     kwargs.update(overrides)
     tr = make_tiny_trainer(tiny_dir, kwargs, reward_funcs=[reward])
     spy = Spy(tr)
-    monkeypatch.setattr(grpo_module, "after_scoring", spy.after_scoring)
+    monkeypatch.setattr(grpo_module, "decide_round", spy.decide_round)
     return tr, spy
 
 
@@ -119,8 +119,8 @@ def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir
     for scorer in ("cached", "trl"):
         tr.args.mi_scorer = scorer
         state = SignalState(rng=np.random.default_rng(0))
-        log_mi(tr, dict(spy.before[-1]), state)
-        results[scorer] = {k: v for k, v in state.last.items() if not k.endswith("seconds")}
+        metrics = mi_metrics(tr, dict(spy.before[-1]), state)
+        results[scorer] = {k: v for k, v in metrics.items() if not k.endswith("seconds")}
     assert results["cached"].keys() == results["trl"].keys() and "mi/trajectory/mi_est" in results["trl"]
     for key, value in results["trl"].items():
         assert results["cached"][key] == pytest.approx(value, abs=1e-3), key
@@ -148,7 +148,7 @@ def test_skipped_step_leaves_weights_bitwise_equal_and_stops_training(
     tr.train()
     assert tr.state.global_step == 2  # stopped after 2 consecutive empty rounds, not max_steps=5
     assert all(torch.equal(a, b) for a, b in zip(w0, weights(tr)))
-    assert tr.signal_state.skipped_steps == 2
+    assert tr.skipped_steps == 2
     for b in spy.loss_inputs:  # only one masked dummy row per micro-batch reaches the loss
         assert b["completion_ids"].shape[0] == 1 and b["tool_mask"].sum() == 0
     logs = [h for h in tr.state.log_history if "loss" in h]

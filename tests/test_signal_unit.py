@@ -1,5 +1,5 @@
-"""``signals.after_scoring`` on a fake trainer (only the trainer's public surface): multi-process slicing,
-lockstep padding, mask mode, scaling, the skip callback, config validation."""
+"""``signals.decide_round`` on a fake trainer (only the trainer's public surface): multi-process slicing,
+lockstep padding, mask mode, scaling, the skip callback with the trainer's own skip methods, config validation."""
 
 from collections import defaultdict
 from dataclasses import dataclass
@@ -10,7 +10,8 @@ import pytest
 import torch
 from llm_gym.trainer.callbacks import make_signal_callbacks
 from llm_gym.trainer.config import SignalArguments
-from llm_gym.trainer.signals import SignalState, after_scoring, episodes_from_batch
+from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+from llm_gym.trainer.signals import SignalState, decide_round, episodes_from_batch
 
 G, B, T = 2, 4, 5  # 2 groups per process
 
@@ -37,7 +38,11 @@ class FakeAccelerator:
 
 
 class FakeTrainer(SimpleNamespace):
-    """The public surface the signal glue and callbacks use, nothing more."""
+    """The public surface the signal glue and callbacks use, nothing more; the skipped-step methods are the
+    real trainer's."""
+
+    step_is_empty = LLMGymGRPOTrainer.step_is_empty
+    skip_optimizer_step = LLMGymGRPOTrainer.skip_optimizer_step
 
     def log_metric(self, name, value, mode=None):
         self.metrics[name].append(float(value))
@@ -56,14 +61,18 @@ def fake_trainer(rewards, rank=0, world=1, **args):
         metrics=defaultdict(list),
         last_rollout=None,
         rewards=np.array(rewards, dtype=np.float64),
+        last_round=None,
+        _empty_step=False,
+        skipped_steps=0,
     )
     tr.signal_state = SignalState.for_process(0, rank)
     return tr
 
 
 def score(tr, b):
-    """One round of the glue, as the trainer runs it."""
-    return after_scoring(tr, b, tr.rewards, tr.signal_state)
+    """One round of the glue; the decision is kept as the trainer keeps it (``last_round``)."""
+    tr.last_round = decide_round(tr, b, tr.rewards, tr.signal_state)
+    return tr.last_round
 
 
 def batch():
@@ -81,40 +90,42 @@ def test_rank_with_no_kept_group_gets_masked_dummy_rows_while_others_train():
     # global: rank 0 holds groups 0-1 (with variance), rank 1 holds groups 2-3 (none)
     rewards = [0.0, 1.0, 1.0, 0.0, 0.5, 0.5, 0.2, 0.2]
     tr = fake_trainer(rewards, rank=1, world=2)
-    out = score(tr, batch())
-    st = tr.signal_state
-    assert not st.skip  # the decision is global: rank 0 keeps something, so nobody skips
+    decision = score(tr, batch())
+    out = decision.batch
+    assert not decision.skip  # the decision is global: rank 0 keeps something, so nobody skips
     # as many rows as the process that kept most (rank 0: 2 groups x G), all masked dummy rows here:
     # every process must send equal shapes to TRL's gathers
     assert out["completion_ids"].shape[0] == 4
     assert out["tool_mask"].sum() == 0 and out["advantages"].abs().sum() == 0
-    assert tr.metrics["snr/kept_groups"] == [2.0]
+    assert decision.metrics["snr/kept_groups"] == 2.0
     tr0 = fake_trainer(rewards, rank=0, world=2)
-    out0 = score(tr0, batch())
+    out0 = score(tr0, batch()).batch
     assert out0["prompt_ids"][:, 0].tolist() == [0, 1, 2, 3] and "tool_mask" not in out0
 
 
 def test_local_slice_is_selected_by_process_index():
     rewards = [0.5, 0.5, 0.5, 0.5, 0.0, 1.0, 0.5, 0.5]  # only global group 2 (rank 1's first group)
-    out = score(fake_trainer(rewards, rank=1, world=2), batch())
+    out = score(fake_trainer(rewards, rank=1, world=2), batch()).batch
     assert out["prompt_ids"][:, 0].tolist() == [0, 1]
     assert "tool_mask" not in out and out["advantages"].tolist() == [1.0, -1.0]
 
 
 def test_mask_mode_keeps_shapes_and_recomputes_num_items():
     tr = fake_trainer([0.0, 1.0, 0.5, 0.5], filter_drop="mask")
-    out = score(tr, batch())
+    out = score(tr, batch()).batch
     assert out["completion_ids"].shape == (B, T)
     assert out["tool_mask"][:2].sum() == 2 * T and out["tool_mask"][2:].sum() == 0
     assert int(out["num_items_in_batch"]) == 2 * T
 
 
 def test_linear_loss_scaling_and_off_strategy():
-    out = score(fake_trainer([0.0, 1.0, 0.5, 0.5], filter_loss_scaling="linear"), batch())
-    assert out["advantages"].tolist() == [0.5, -0.5]
+    decision = score(fake_trainer([0.0, 1.0, 0.5, 0.5], filter_loss_scaling="linear"), batch())
+    # the multiplier is decided here and applied by the trainer to the final advantages (test_ragen2 checks that)
+    assert decision.loss_scale == 0.5 and decision.batch["advantages"].tolist() == [1.0, -1.0]
     tr = fake_trainer([0.5] * 4, filter_strategy="off")
-    out = score(tr, batch())
-    assert out["completion_ids"].shape[0] == B and not tr.signal_state.skip
+    decision = score(tr, batch())
+    out = decision.batch
+    assert out["completion_ids"].shape[0] == B and not decision.skip and decision.loss_scale == 1.0
     assert int(out["num_items_in_batch"]) == B * T * 2  # untouched when nothing is filtered
 
 
@@ -123,27 +134,27 @@ def test_skip_callback_drops_grads_only_on_skipped_rounds():
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.ones(2)
     tr.optimizer = torch.optim.AdamW([p])
-    skip_cb = make_signal_callbacks(tr.args, tr.signal_state, tr)[0]
+    skip_cb = make_signal_callbacks(tr.args, tr)[0]
     tr.metrics["entropy"] = [0.3, 0.0]  # the last value came from the skipped step's masked rows
-    score(tr, batch())
-    assert tr.signal_state.skip
+    assert score(tr, batch()).skip and tr.step_is_empty
     skip_cb.on_pre_optimizer_step(tr.args, None, None)
-    assert p.grad is None and tr.metrics["entropy"] == [0.3]
+    assert p.grad is None and tr.metrics["entropy"] == [0.3] and tr.skipped_steps == 1
     tr.rewards = np.array([0.0, 1.0, 0.5, 0.5])
     score(tr, batch())
     p.grad = torch.ones(2)
     skip_cb.on_pre_optimizer_step(tr.args, None, None)
     assert p.grad is not None and tr.signal_state.consecutive_empty == 0 and tr.metrics["entropy"] == [0.3]
+    assert tr.skipped_steps == 1
 
 
 def test_snr_filter_under_deepspeed_is_refused_with_the_alternatives_named():
     tr = fake_trainer([0.5] * 4)
-    assert len(make_signal_callbacks(tr.args, tr.signal_state, tr)) >= 2
+    assert len(make_signal_callbacks(tr.args, tr)) >= 2
     with pytest.raises(ValueError, match="refused under DeepSpeed") as err:
-        make_signal_callbacks(tr.args, tr.signal_state, tr, deepspeed=True)
+        make_signal_callbacks(tr.args, tr, deepspeed=True)
     assert "FSDP" in str(err.value) and "--filter_strategy off" in str(err.value)
     off = fake_trainer([0.5] * 4, filter_strategy="off")
-    assert len(make_signal_callbacks(off.args, off.signal_state, off, deepspeed=True)) >= 2
+    assert len(make_signal_callbacks(off.args, off, deepspeed=True)) >= 2
 
 
 def test_rewards_must_cover_every_process_row():
@@ -155,8 +166,10 @@ def test_rewards_must_cover_every_process_row():
 def test_unscorable_rows_leave_their_groups_variance():
     # group 0: rewards 0 and NaN -> one finite value, no spread; group 1 spreads: only group 1 is kept
     tr = fake_trainer([0.0, float("nan"), 0.0, 1.0])
-    out = score(tr, batch())
-    assert out["prompt_ids"][:, 0].tolist() == [2, 3] and tr.metrics["snr/kept_groups"] == [1.0]
+    decision = score(tr, batch())
+    assert (
+        decision.batch["prompt_ids"][:, 0].tolist() == [2, 3] and decision.metrics["snr/kept_groups"] == 1.0
+    )
 
 
 @pytest.mark.parametrize(

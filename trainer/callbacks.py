@@ -1,13 +1,16 @@
 """Every ``TrainerCallback`` the llm-gym trainer registers (one module for callbacks).
 
 - :class:`EnvProgressCallback`: latest reward and success rate on the progress bar;
-- :class:`SkipUpdateCallback`: drops the gradients of a round in which the SNR filter kept nothing;
-- :class:`EmptyStopCallback`: stops training after ``filter_empty_stop_steps`` such rounds in a row;
+- :class:`SkipUpdateCallback`: right before ``optimizer.step()``, makes an empty step a no-op (the trainer's
+  ``skip_optimizer_step``);
+- :class:`EmptyStopCallback`: stops training after ``filter_empty_stop_steps`` rounds in a row with nothing kept;
 - :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance series to a JSONL file;
 - :class:`RewardStdCollapseCallback`, :class:`LowSuccessStopCallback`: RAGEN's early stops (off by default).
 
-Callbacks get what they use as constructor arguments (the :class:`~llm_gym.trainer.signals.SignalState`, the
-trainer's public methods); none reads a private attribute of the trainer.
+The collapse plot's callback (``CollapsePlotCallback``) lives with the trackers it draws for
+(:mod:`llm_gym.trainer.trackers`). Callbacks get what they use as constructor arguments (the trainer's public
+surface, the signal state read-only, the :class:`StopSignal` the stop callbacks share); none reads a private
+attribute of the trainer.
 """
 
 from __future__ import annotations
@@ -28,21 +31,21 @@ logger = logging.getLogger(__name__)
 
 #: Keys (beyond ``mi/`` and ``snr/``) the collapse report keeps from each log line.
 REPORT_KEYS = ("entropy", "reward", "reward_std", "frac_reward_zero_std")
-#: TRL metrics appended per micro-batch by ``compute_loss``; meaningless on a skipped (all-masked) update.
-LOSS_METRICS = (
-    "entropy",
-    "kl",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_min",
-    "clip_ratio/high_max",
-    "cispo_clip_ratio",
-    "vespo/phi_seq_mean",
-    "ppo/value_loss",
-    "policy_loss",
-    "clip_ratio/dual_mean",
-)
+
+
+class StopSignal:
+    """Why training stops early. The first stop callback that fires sets :attr:`reason` (and says it once);
+    every stop callback then stops training. One object, shared by a trainer's stop callbacks and saved in its
+    checkpoints (:class:`EmptyStopCallback`), so a resumed run that had stopped stops again."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            logger.warning(reason)
+            print(f"[llm-gym] {reason}", flush=True)
 
 
 def _finite(value: Any) -> bool:
@@ -72,57 +75,42 @@ class EnvProgressCallback(TrainerCallback):
 
 
 class SkipUpdateCallback(TrainerCallback):
-    """Drops every gradient right before ``optimizer.step()`` when the round kept nothing.
+    """Right before ``optimizer.step()``, a step that must not change the weights (the trainer's
+    ``step_is_empty``: the SNR filter kept nothing this round, or an empty proportional step) becomes a no-op
+    through the trainer's ``skip_optimizer_step``. (DeepSpeed steps inside its engine, so
+    :func:`make_signal_callbacks` refuses the filter under DeepSpeed.)"""
 
-    Zero advantages are not enough: AdamW momentum and weight decay would still move the weights.
-    With ``grad=None`` AdamW skips the parameter entirely, so the weights stay bitwise equal.
-    (DeepSpeed steps inside its engine, so :func:`make_signal_callbacks` refuses the filter under DeepSpeed.)
-
-    Args:
-        state: the trainer's signal state (``skip`` is set per round by ``signals.after_scoring``).
-        trainer: used for ``optimizer`` (when the event does not pass one), ``current_gradient_accumulation_steps``
-            and ``drop_last_metrics(keys, count)``.
-    """
-
-    def __init__(self, state: SignalState, trainer: Any) -> None:
-        self.state = state
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        # skip: the round kept nothing; empty_step: filter_update_steps="proportional" left this step without rows
-        if not (self.state.skip or self.state.empty_step):
-            return
-        optimizer = kwargs.get("optimizer") or self.trainer.optimizer
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
-        self.state.skipped_steps += 1
-        # TRL's loss metrics of this step come from masked dummy rows only (entropy would read 0): drop them
-        n = int(
-            getattr(self.trainer, "current_gradient_accumulation_steps", 0)
-            or args.gradient_accumulation_steps
-        )
-        self.trainer.drop_last_metrics(LOSS_METRICS, n)
+        if self.trainer.step_is_empty:
+            self.trainer.skip_optimizer_step(kwargs.get("optimizer") or self.trainer.optimizer)
 
 
 class EmptyStopCallback(TrainerCallback):
-    """Stops training after ``filter_empty_stop_steps`` consecutive rounds with nothing kept."""
+    """Stops training after ``filter_empty_stop_steps`` consecutive rounds with nothing kept (read from the
+    signal state); holds the shared :class:`StopSignal` in checkpoints."""
 
-    def __init__(self, state: SignalState) -> None:
-        self.state = state
+    def __init__(self, state: SignalState, stop: StopSignal) -> None:
+        self.state, self.stop = state, stop
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stop_reason": self.stop.reason}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.stop.reason = data.get("stop_reason")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        st = self.state
+        empty = self.state.consecutive_empty
         limit = args.filter_empty_stop_steps
-        if limit and st.consecutive_empty >= limit and st.stop_reason is None:
-            st.stop_reason = (
-                f"stopping at step {state.global_step}: {st.consecutive_empty} consecutive rounds had no group "
+        if limit and empty >= limit:
+            self.stop.stop(
+                f"stopping at step {state.global_step}: {empty} consecutive rounds had no group "
                 f"with reward variance above the {args.filter_strategy} threshold (filter_empty_stop_steps={limit}); "
                 "the policy gets no task signal from these prompts"
             )
-            logger.warning(st.stop_reason)
-            print(f"[llm-gym] {st.stop_reason}", flush=True)
-        if st.stop_reason is not None:
+        if self.stop.reason is not None:
             control.should_training_stop = True
 
 
@@ -158,13 +146,14 @@ class RewardStdCollapseCallback(TrainerCallback):
     ``early_stop_window`` rounds that kept something; training stops once ``early_stop_window`` consecutive later
     kept rounds all fall below ``early_stop_reward_std_ratio`` x baseline. Rounds that kept nothing are not counted.
 
-    Reads ``state.last["snr/group_std_before"]`` and ``state.skip`` after each round (set by
-    :func:`llm_gym.trainer.signals.after_scoring`)."""
+    Reads the trainer's ``last_round`` (a :class:`~llm_gym.trainer.signals.RoundDecision`: its
+    ``snr/group_std_before`` metric and ``skip``) after each step."""
 
-    def __init__(self, state: SignalState, ratio: float, window: int) -> None:
+    def __init__(self, trainer: Any, stop: StopSignal, ratio: float, window: int) -> None:
         from collections import deque
 
-        self.state, self.ratio, self.window = state, float(ratio), int(window)
+        self.trainer, self.stop = trainer, stop
+        self.ratio, self.window = float(ratio), int(window)
         self.first: list[float] = []
         self.recent: deque[float] = deque(maxlen=self.window)
         self.base: float | None = None
@@ -187,29 +176,25 @@ class RewardStdCollapseCallback(TrainerCallback):
         self.seen_round = int(data.get("seen_round", 0))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        st = self.state
-        if st.rounds != self.seen_round:  # one new generation round since the last look
-            self.seen_round = st.rounds
-            std = st.last.get("snr/group_std_before")
-            if std is not None and not st.skip and math.isfinite(std):
+        decision = self.trainer.last_round
+        if decision is not None and decision.index + 1 != self.seen_round:  # a new round since the last look
+            self.seen_round = decision.index + 1
+            std = decision.metrics.get("snr/group_std_before")
+            if std is not None and not decision.skip and math.isfinite(std):
                 if self.base is None:
                     self.first.append(std)
                     if len(self.first) == self.window:
                         self.base = sum(self.first) / self.window
                 else:
                     self.recent.append(std)
-                    if (
-                        len(self.recent) == self.window
-                        and all(v < self.ratio * self.base for v in self.recent)
-                        and st.stop_reason is None
+                    if len(self.recent) == self.window and all(
+                        v < self.ratio * self.base for v in self.recent
                     ):
-                        st.stop_reason = (
+                        self.stop.stop(
                             f"stopping at step {state.global_step}: reward std collapsed (last {self.window} rounds "
                             f"below {self.ratio} x the baseline {self.base:.4g}; early_stop_reward_std_ratio)"
                         )
-                        logger.warning(st.stop_reason)
-                        print(f"[llm-gym] {st.stop_reason}", flush=True)
-        if st.stop_reason is not None:
+        if self.stop.reason is not None:
             control.should_training_stop = True
 
 
@@ -219,8 +204,8 @@ class LowSuccessStopCallback(TrainerCallback):
     row. Only evaluations inside ``train()`` count: RAGEN's validation before training is not checked
     (``agent_trainer.py:972-975``), so neither is the ``evaluate()`` llmgym-train runs before (or after) it."""
 
-    def __init__(self, state: SignalState, min_success: float, evals: int) -> None:
-        self.state, self.min_success, self.evals = state, float(min_success), int(evals)
+    def __init__(self, stop: StopSignal, min_success: float, evals: int) -> None:
+        self.stop, self.min_success, self.evals = stop, float(min_success), int(evals)
         self.low = 0
         self.training = False
 
@@ -244,21 +229,19 @@ class LowSuccessStopCallback(TrainerCallback):
         if value is None or not self.training:
             return
         self.low = self.low + 1 if value < self.min_success else 0
-        if self.low >= self.evals and self.state.stop_reason is None:
-            self.state.stop_reason = (
+        if self.low >= self.evals:
+            self.stop.stop(
                 f"stopping at step {state.global_step}: evaluation success below {self.min_success} for "
                 f"{self.low} evaluations in a row (early_stop_min_success)"
             )
-            logger.warning(self.state.stop_reason)
-            print(f"[llm-gym] {self.state.stop_reason}", flush=True)
-        if self.state.stop_reason is not None:
+        if self.stop.reason is not None:
             control.should_training_stop = True
 
 
-def make_signal_callbacks(
-    args: Any, state: SignalState, trainer: Any, *, deepspeed: bool = False
-) -> list[TrainerCallback]:
-    """The SNR / MI callbacks: skip update, early stop, and the collapse-report writer (if ``collapse_report``)."""
+def make_signal_callbacks(args: Any, trainer: Any, *, deepspeed: bool = False) -> list[TrainerCallback]:
+    """The SNR / MI callbacks: skip update, early stops, and the collapse-report writer (if ``collapse_report``).
+    ``trainer``: its public ``signal_state``, ``last_round``, ``step_is_empty``, ``skip_optimizer_step``,
+    ``optimizer`` and ``callback_handler``."""
     if args.filter_strategy != "off" and deepspeed:
         # Measured on 2 CPU processes with ZeRO-2: a skipped round changed every rank's weights and AdamW state.
         raise ValueError(
@@ -269,13 +252,17 @@ def make_signal_callbacks(
             "style sharding with an exact skip) or DDP for SNR filtering, or set --filter_strategy off to train "
             "under DeepSpeed without the filter."
         )
-    callbacks: list[TrainerCallback] = [SkipUpdateCallback(state, trainer), EmptyStopCallback(state)]
+    stop = StopSignal()
+    callbacks: list[TrainerCallback] = [
+        SkipUpdateCallback(trainer),
+        EmptyStopCallback(trainer.signal_state, stop),
+    ]
     if getattr(args, "early_stop_reward_std_ratio", 0.0) > 0:
         callbacks.append(
-            RewardStdCollapseCallback(state, args.early_stop_reward_std_ratio, args.early_stop_window)
+            RewardStdCollapseCallback(trainer, stop, args.early_stop_reward_std_ratio, args.early_stop_window)
         )
     if getattr(args, "early_stop_min_success", 0.0) > 0:
-        callbacks.append(LowSuccessStopCallback(state, args.early_stop_min_success, args.early_stop_evals))
+        callbacks.append(LowSuccessStopCallback(stop, args.early_stop_min_success, args.early_stop_evals))
     if args.collapse_report:
         callbacks.append(CollapseReportCallback(os.path.join(args.output_dir, args.collapse_report)))
         from llm_gym.trainer.trackers import CollapsePlotCallback, image_trackers

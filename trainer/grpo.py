@@ -6,17 +6,17 @@ reduction and row operations (:mod:`llm_gym.trainer.batch`), the SNR filter and 
 :mod:`~llm_gym.trainer.mutual_info`), the callbacks (:mod:`llm_gym.trainer.callbacks`) and the config
 (:mod:`llm_gym.trainer.config`).
 
-Per training generation round, after TRL generated and scored the batch:
-
-1. ``env/*`` metrics are logged and the episode records written;
-2. the per-function rewards are reduced once to one episode reward per sample (:func:`batch.episode_rewards`,
-   NaN for an unscorable sample, as TRL treats it);
-3. the :meth:`LLMGymGRPOTrainer.compute_advantages` hook may replace the advantages (PPO does);
-4. the signal glue logs MI metrics and applies the SNR filter.
+One training round reads top to bottom in :meth:`LLMGymGRPOTrainer._generate_and_score_completions`: TRL's
+rollouts and scores, the episode metrics and records, one episode reward per row, the advantages (the
+:meth:`~LLMGymGRPOTrainer.compute_advantages` hook), the signal tools' :class:`~llm_gym.trainer.signals.RoundDecision`
+(MI metrics, the SNR filter), and the decision applied and logged. A skipped round's optimizer steps are made
+no-ops by :meth:`~LLMGymGRPOTrainer.skip_optimizer_step`, which ``SkipUpdateCallback`` calls right before
+``optimizer.step()``. Every private TRL member used goes through :mod:`llm_gym.trainer.compat`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from llm_gym.trainer import prefix_sharing
+from llm_gym.trainer import compat, prefix_sharing
 from llm_gym.trainer.batch import (
     constant_group_rows,
     episode_rewards,
@@ -38,7 +38,7 @@ from llm_gym.trainer.config import LLMGymGRPOConfig
 from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
 from llm_gym.trainer.precision import align_trainer_model
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
-from llm_gym.trainer.signals import SignalState, after_scoring, apply_loss_scale
+from llm_gym.trainer.signals import RoundDecision, SignalState, decide_round
 from trl import GRPOTrainer
 
 #: Batch key that carries each row's episode reward through the SNR filter (``advantages_after_filter``).
@@ -46,6 +46,21 @@ ROW_REWARD = "llmgym_episode_reward"
 
 #: Per-episode metrics logged under ``env/`` (means over all processes' episodes of a generation round).
 ENV_METRICS = ("success", "episode_reward", "turns", "valid_action_rate", "effective_action_rate")
+#: TRL metrics appended per micro-batch by ``compute_loss``; meaningless on a skipped (all-masked) update.
+LOSS_METRICS = (
+    "entropy",
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "cispo_clip_ratio",
+    "vespo/phi_seq_mean",
+    "ppo/value_loss",
+    "policy_loss",
+    "clip_ratio/dual_mean",
+)
 
 
 def train_seeds(args: LLMGymGRPOConfig) -> list[int]:
@@ -80,7 +95,11 @@ class LLMGymGRPOTrainer(GRPOTrainer):
     Public surface (what callbacks, the signal glue and subclasses use; nothing else reads its internals):
 
     - :attr:`last_rollout`: the latest round's :class:`~llm_gym.trainer.rollouts.RolloutInfo` (or None);
-    - :attr:`signal_state`: the SNR filter / MI bookkeeping (:class:`~llm_gym.trainer.signals.SignalState`);
+    - :attr:`last_round`: the latest training round's :class:`~llm_gym.trainer.signals.RoundDecision` (its
+      ``batch`` left out), or None;
+    - :attr:`signal_state`: the signal tools' state across rounds (:class:`~llm_gym.trainer.signals.SignalState`;
+      read-only outside :mod:`~llm_gym.trainer.signals`);
+    - :attr:`step_is_empty`, :meth:`skip_optimizer_step`, :attr:`skipped_steps`: the skipped updates;
     - :meth:`log_metric` / :meth:`drop_last_metrics`: TRL's per-round metrics, logged at the next ``on_log``;
     - :meth:`sequence_logps`: per-token log-probs of full sequences under the current policy.
 
@@ -134,14 +153,18 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         align_trainer_model(self.model, args, self.accelerator)
         self._round_rewards_per_func: torch.Tensor | None = None
         self._generation_rounds = 0
-        #: SNR filter / MI bookkeeping, shared with the skip and early-stop callbacks.
+        self._empty_step = False
+        #: The signal tools' state across rounds (MI cadence and EMAs, samplers, empty rounds in a row).
         self.signal_state = SignalState.for_process(args.seed, self.accelerator.process_index)
+        #: The latest training round's decision (its batch left out), or None before the first.
+        self.last_round: RoundDecision | None = None
+        #: Optimizer steps made no-ops so far (rounds the filter kept nothing in, empty proportional steps).
+        self.skipped_steps = 0
         #: Shared-prefix forwards (:mod:`llm_gym.trainer.prefix_sharing`), or None when off.
         self.prefix_sharing = prefix_sharing.from_setting(args.use_prefix_sharing, self.model)
         self.add_callback(EnvProgressCallback(self.callback_handler))
-        for cb in make_signal_callbacks(
-            args, self.signal_state, self, deepspeed=bool(getattr(self, "is_deepspeed_enabled", False))
-        ):
+        deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))
+        for cb in make_signal_callbacks(args, self, deepspeed=deepspeed):
             self.add_callback(cb)
 
     # ------------------------------------------------------------------------------------------ public surface
@@ -155,12 +178,12 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         """Append ``value`` to metric ``name``; TRL logs the mean at the next log step. ``mode`` defaults to
         ``"train"`` while the model trains, else ``"eval"``."""
         mode = mode or ("train" if self.model.training else "eval")
-        self._metrics[mode][name].append(float(value))
+        compat.metrics(self, mode)[name].append(float(value))
 
     def drop_last_metrics(self, names: Iterable[str], count: int, mode: str = "train") -> None:
         """Forget the last ``count`` values of each metric in ``names`` (e.g. loss metrics of a skipped update)."""
         for name in names:
-            values = self._metrics[mode].get(name)
+            values = compat.metrics(self, mode).get(name)
             if values:
                 del values[-count:]
 
@@ -183,10 +206,33 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int
     ) -> torch.Tensor:
         """(B, logits_to_keep) log-probs of the last ``logits_to_keep`` tokens of each row, in one forward."""
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, attention_mask, logits_to_keep, batch_size=input_ids.shape[0]
+        logps, _, _ = compat.per_token_logps_and_entropies(
+            self, self.model, input_ids, attention_mask, logits_to_keep, batch_size=input_ids.shape[0]
         )
         return logps
+
+    @property
+    def step_is_empty(self) -> bool:
+        """Whether the optimizer step being accumulated must leave the weights alone: the SNR filter kept nothing
+        this round, or (``filter_update_steps="proportional"``) this step of the round has no rows."""
+        return (self.last_round is not None and self.last_round.skip) or self._empty_step
+
+    def skip_optimizer_step(self, optimizer: Any) -> None:
+        """Make the coming ``optimizer.step()`` a no-op (``SkipUpdateCallback`` calls this right before it when
+        :attr:`step_is_empty`).
+
+        Every gradient goes to None: zero advantages are not enough, since AdamW momentum and weight decay would
+        still move the weights, while AdamW skips a parameter without a gradient, so the weights and the optimizer
+        state stay bitwise equal. The step's loss metrics came from masked dummy rows only (entropy would read 0)
+        and are dropped."""
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        self.skipped_steps += 1
+        steps = (
+            getattr(self, "current_gradient_accumulation_steps", 0) or self.args.gradient_accumulation_steps
+        )
+        self.drop_last_metrics(LOSS_METRICS, int(steps))
 
     # ------------------------------------------------------------------------------------------ hooks
     def compute_advantages(self, batch: dict, rewards: torch.Tensor) -> dict:
@@ -203,43 +249,73 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         return batch
 
     # ------------------------------------------------------------------------------------------ TRL overrides
+    @compat.overrides
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards_per_func = rewards_per_func  # gathered over processes, in rank order
         return rewards_per_func
 
+    @compat.overrides
     def _generate_and_score_completions(self, inputs):
+        """One generation round, top to bottom. Evaluation rounds stop after step 2."""
+        # ---------------------------------------------------------------------------------- 1. ROLLOUTS, SCORES
+        # TRL plays the episodes through our rollout_func (multi-turn, token-exact), scores them with the reward
+        # functions (our _calculate_rewards keeps the per-function rewards) and computes its group advantages
         from llm_gym.trainer.deprecations import old_checkpointing_names
 
         with old_checkpointing_names():  # TRL toggles checkpointing through transformers' deprecated names
             out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
-        self._log_env_metrics(mode)
-        self._save_records(mode)
+
+        # ---------------------------------------------------------------------------------- 2. EPISODES
+        self._log_env_metrics(mode)  # env/success, env/episode_reward, ... over every process's episodes
+        self._save_records(mode)  # episodes.jsonl (every records_every-th training round, every evaluation)
         if mode != "train":
             return out
         self._generation_rounds += 1
+
+        # ---------------------------------------------------------------------------------- 3. EPISODE REWARDS
+        # one reward per row (NaN: unscorable): every process's rows for the filter, this process's for the hook
         rewards = episode_rewards(self._round_rewards_per_func, self.reward_weights)
         n = out["prompt_ids"].size(0)
         start = self.accelerator.process_index * n
         local = rewards[start : start + n].to(self.accelerator.device)
         gathered = rewards.detach().cpu().double().numpy()
+
+        # ---------------------------------------------------------------------------------- 4. ADVANTAGES
         advantages = out.get("advantages")
         if advantages is not None and advantages.dim() == 1:
             # a group of equal rewards has no signal: exactly zero advantage, not TRL's float32 rounding noise
             constant = constant_group_rows(rewards, self.num_generations)[start : start + n]
             out["advantages"] = advantages.masked_fill(constant.to(advantages.device), 0.0)
-        if self.args.advantages_after_filter:
+        after_filter = self.args.advantages_after_filter
+        if after_filter:
             # RAGEN computes (and whitens) advantages on the rows the filter kept, copies included: the reward
             # rides along with its row through the filter
             out[ROW_REWARD] = local
-            out = after_scoring(self, out, gathered, self.signal_state, scale_advantages=False)
-            out = self.compute_advantages(out, out.pop(ROW_REWARD))
-            # filter_loss_scaling multiplies the final advantages, whichever hook computed them (RAGEN)
-            return apply_loss_scale(out, self.signal_state)
-        out = self.compute_advantages(out, local)
-        return after_scoring(self, out, gathered, self.signal_state)
+        else:
+            out = self.compute_advantages(out, local)
 
+        # ---------------------------------------------------------------------------------- 5. SIGNAL DECIDES
+        # MI metrics on the unfiltered round (every mi_every rounds), then the SNR filter on the gathered rewards
+        decision = decide_round(self, out, gathered, self.signal_state)
+
+        # ---------------------------------------------------------------------------------- 6. APPLY, LOG
+        out = (
+            decision.batch
+        )  # the kept rows (padded to whole micro-batches), or every row with dropped ones masked
+        if after_filter:
+            out = self.compute_advantages(out, out.pop(ROW_REWARD))
+        if decision.loss_scale != 1.0:
+            # filter_loss_scaling multiplies the final advantages, whichever hook computed them (RAGEN)
+            out["advantages"] = out["advantages"] * decision.loss_scale
+        # skip / update_micro_batches are read as each optimizer step comes (step_is_empty, _prepare_inputs)
+        self.last_round = dataclasses.replace(decision, batch={})
+        for name, value in decision.metrics.items():
+            self.log_metric(name, value, "train")
+        return out
+
+    @compat.overrides
     def _get_per_token_logps_and_entropies(
         self,
         model,
@@ -280,6 +356,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             **multimodal,
         )
 
+    @compat.overrides
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering of one generation round into micro-batches, except:
 
@@ -296,19 +373,19 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         by_group = self.prefix_sharing is not None and spg > 1
         if not self.model.training or not (proportional or by_group):
             return super()._prepare_inputs(generation_batch)
-        if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+        step = compat.micro_step(self)
+        if step % (spg * self.num_iterations) == 0 or compat.buffered_inputs(self) is None:
             batch = self._generate_and_score_completions(generation_batch)
             if proportional:
-                self._buffered_inputs, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
+                chunks, _ = split_micro_batches(batch, args.per_device_train_batch_size, spg)
             else:
                 order = prefix_sharing.group_order(batch["prompt_ids"], batch["prompt_mask"])
-                self._buffered_inputs, _ = split_micro_batches(
-                    take_rows(batch, order), len(order) // spg, spg
-                )
-        index = self._step % spg
-        real = self.signal_state.real_micro_batches
-        self.signal_state.empty_step = real is not None and index >= real
-        return self._buffered_inputs[index]
+                chunks, _ = split_micro_batches(take_rows(batch, order), len(order) // spg, spg)
+            compat.set_buffered_inputs(self, chunks)
+        index = step % spg
+        real = self.last_round.update_micro_batches if self.last_round is not None else None
+        self._empty_step = real is not None and index >= real
+        return compat.buffered_inputs(self)[index]
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation plays the episodes (``_prepare_inputs`` rolls out, scores and logs them) and stops there.
@@ -319,6 +396,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             self._prepare_inputs(inputs)
         return None, None, None
 
+    @compat.overrides
     def _compute_loss(self, model, inputs):
         """TRL's loss, or with ``loss_agg_mode`` / ``dual_clip`` set, :func:`llm_gym.trainer.losses.policy_loss`:
         the clipped (dual-clipped) surrogate with the entropy bonus and KL aggregated like the policy term."""
@@ -329,8 +407,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=True
+        logps, entropies, _ = compat.per_token_logps_and_entropies(
+            self, model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=True
         )
         mask = loss_mask(inputs)
         old = inputs.get("old_per_token_logps")
@@ -370,7 +448,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         else:
             loss = res.total / ga
         gather = self.accelerator.gather
-        m = self._metrics[mode]
+        m = compat.metrics(self, mode)
         m["policy_loss"].append(gather(res.policy.detach()).nanmean().item())
         tokens = self.accelerator.reduce(
             torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()]), reduction="sum"
@@ -383,6 +461,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             m["kl"].append(gather(res.kl.detach()).mean().item())
         return loss
 
+    @compat.overrides
     def _save_checkpoint(self, model, trial):
         """Trainer's checkpoint, plus each process's signal state; then, once every process saved its files,
         the completion marker; only then the rotation (``save_total_limit``) deletes older checkpoints, so a
@@ -398,7 +477,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
         from llm_gym.safe_io import atomic_write_text
 
-        run_dir = self._get_output_dir(trial=trial)
+        run_dir = compat.run_output_dir(self, trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         rank = self.accelerator.process_index
         os.makedirs(folder, exist_ok=True)
@@ -419,7 +498,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
     def _resume_state(self) -> dict[str, Any]:
         """What a resumed run needs besides Trainer's own state: the signal state, the generation-round count
-        (``records_every``) and the early-stop callbacks' baselines."""
+        (``records_every``), the skipped-step count and the callbacks' state (early-stop baselines, a stop
+        reason)."""
         callbacks = {
             type(cb).__name__: cb.state_dict()
             for cb in self.callback_handler.callbacks
@@ -428,9 +508,11 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         return {
             "signal_state": self.signal_state.state_dict(),
             "generation_rounds": self._generation_rounds,
+            "skipped_steps": self.skipped_steps,
             "callbacks": callbacks,
         }
 
+    @compat.overrides
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
         path = os.path.join(
@@ -443,6 +525,10 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             data = json.load(f)
         self.signal_state.load_state_dict(data.get("signal_state", {}))
         self._generation_rounds = int(data.get("generation_rounds", 0))
+        # older checkpoints kept the count in the signal state
+        self.skipped_steps = int(
+            data.get("skipped_steps", data.get("signal_state", {}).get("skipped_steps", 0))
+        )
         saved = data.get("callbacks", {})
         for cb in self.callback_handler.callbacks:
             if type(cb).__name__ in saved and hasattr(cb, "load_state_dict"):

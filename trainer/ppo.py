@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from llm_gym.trainer import compat
 from llm_gym.trainer.batch import loss_mask
 from llm_gym.trainer.gae import clipped_value_loss, ppo_targets
 from llm_gym.trainer.grpo import LLMGymGRPOTrainer
@@ -89,8 +90,7 @@ def attach_value_head(
     nn.init.normal_(head.weight, std=init_std)
     nn.init.zeros_(head.bias)
     lm.v_head = head
-    ignore = set(getattr(lm, "_keys_to_ignore_on_save", None) or ())
-    lm._keys_to_ignore_on_save = ignore | {"v_head.weight", "v_head.bias"}
+    compat.ignore_on_save(lm, {"v_head.weight", "v_head.bias"})
     head.requires_grad_(True)
     return head
 
@@ -128,8 +128,7 @@ def attach_critic(model: nn.Module, init_std: float = 1e-3, dtype: torch.dtype |
     critic = ValueModel(body, lm.config.get_text_config().hidden_size, init_std)
     critic.requires_grad_(True)
     lm.critic = critic
-    ignore = set(getattr(lm, "_keys_to_ignore_on_save", None) or ())
-    lm._keys_to_ignore_on_save = ignore | {f"critic.{k}" for k in critic.state_dict()}
+    compat.ignore_on_save(lm, {f"critic.{k}" for k in critic.state_dict()})
     return critic
 
 
@@ -218,8 +217,8 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             with self.accelerator.autocast():
                 return self._critic_values(ids, attn, P, C, self.args.per_device_train_batch_size)
         with self._capturing_values() as buf:
-            self._get_per_token_logps_and_entropies(
-                self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size
+            compat.per_token_logps_and_entropies(
+                self, self.model, ids, attn, C, batch_size=self.args.per_device_train_batch_size
             )
         return self.completion_positions(buf, P, C).float()
 
@@ -311,6 +310,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         )
         return optimizer
 
+    @compat.overrides
     def _clip_grad_norm(self, model):
         """Gradient clipping per model, as veRL clips its actor and critic each in its own optimizer step.
 
@@ -340,6 +340,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         return torch.nn.utils.clip_grad_norm_(actor, max_norm)
 
     # ------------------------------------------------------------------------------------------ checkpoints
+    @compat.overrides
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self._critic is not None:
             self._save_beside(output_dir, state_dict, "critic.", self._critic, CRITIC_FILE, dtype=None)
@@ -375,6 +376,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in extra.items()}
         save_file(tensors, os.path.join(output_dir, filename), metadata={"format": "pt"})
 
+    @compat.overrides
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
         if self._critic is not None:
@@ -382,6 +384,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
         else:
             load_value_head(self._v_head, resume_from_checkpoint)
 
+    @compat.overrides
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         # The value head is not in the policy weights by design; it comes from value_head.safetensors.
         if hasattr(load_result, "_replace"):

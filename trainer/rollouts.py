@@ -28,6 +28,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.trainer import compat
 from llm_gym.trainer.chat_templates import ChatTemplateTokens, training_template_tokens
 
 from llm_gym.agent.chat import ChatFormat, Conversation
@@ -427,7 +428,7 @@ class EnvRolloutFunc:
                     gen_cfg.do_sample = False
             from llm_gym.trainer.deprecations import old_checkpointing_names
 
-            ctx = getattr(trainer, "_dist", None)
+            ctx = compat.distributed_backend(trainer)  # FSDP: gather the sharded weights for generation
             with (
                 old_checkpointing_names(),  # TRL toggles checkpointing through transformers' deprecated names
                 unwrap_model_for_generation(

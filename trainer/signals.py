@@ -1,21 +1,21 @@
-"""Trainer glue for the RAGEN-2 signal tools: MI collapse metrics and the SNR group filter, once per round.
+"""The RAGEN-2 signal tools in a training round: MI collapse metrics and the SNR group filter.
 
-The GRPO trainer calls :func:`after_scoring` once per training generation round, right after TRL scored the
-batch (and after the ``compute_advantages`` hook), with the round's episode rewards and its
-:class:`SignalState`. Per round:
+:class:`~llm_gym.trainer.grpo.LLMGymGRPOTrainer` calls :func:`decide_round` once per training generation round,
+after TRL scored the batch, with the round's episode rewards. It returns a :class:`RoundDecision`, which the
+trainer applies and logs in one place (``_generate_and_score_completions``):
 
 1. every ``mi_every`` rounds (and the first), MI metrics on the UNFILTERED batch (``mi/...``);
-2. the filter decides on the gathered (global) rewards, so every process agrees;
-3. dropped rows leave the batch (``filter_drop="remove"``), so they cost no forward/backward in the
-   update, or only lose their loss weight (``"mask"``); ``num_items_in_batch`` is recomputed;
-4. an empty selection marks the round as skipped: :class:`llm_gym.trainer.callbacks.SkipUpdateCallback` sets
-   the gradients to None before ``optimizer.step()`` and ``EmptyStopCallback`` stops after
-   ``filter_empty_stop_steps`` consecutive ones.
+2. the filter decides on the gathered (global) rewards, so every process agrees (``snr/...``);
+3. dropped rows leave the batch (``filter_drop="remove"``), so they cost no forward/backward in the update, or
+   only lose their loss weight (``"mask"``); ``num_items_in_batch`` is recomputed;
+4. ``skip``: nothing was kept, so the round's optimizer steps take no update; ``loss_scale``: the
+   ``filter_loss_scaling`` multiplier for the final advantages; ``update_micro_batches``
+   (``filter_update_steps="proportional"``): the round's micro-batches that carry rows.
 
 The math lives in :mod:`llm_gym.trainer.snr_filter`, :mod:`llm_gym.trainer.mutual_info` and
-:mod:`llm_gym.trainer.batch`; this module only wires them. It uses the trainer's public surface only:
-``args``, ``accelerator``, ``model``, ``processing_class``, ``num_generations``, ``temperature``,
-``log_metric(name, value)``, ``last_rollout`` and ``sequence_logps(ids, attention_mask, logits_to_keep)``.
+:mod:`llm_gym.trainer.batch`; this module only wires them. It reads the trainer's public surface only (``args``,
+``accelerator``, ``model``, ``processing_class``, ``num_generations``, ``temperature``, ``last_rollout`` and
+``sequence_logps(ids, attention_mask, logits_to_keep)``) and writes nothing but its own :class:`SignalState`.
 """
 
 from __future__ import annotations
@@ -41,24 +41,20 @@ from llm_gym.trainer.batch import (
 
 @dataclass
 class SignalState:
-    """Per-trainer bookkeeping shared by :func:`after_scoring` and the callbacks."""
+    """What the signal tools carry from round to round (written only by this module; saved in checkpoints)."""
 
+    #: training rounds decided so far (MI runs on rounds 0, mi_every, 2 * mi_every, ...)
     rounds: int = 0
-    skip: bool = False
+    #: rounds in a row in which the filter kept nothing (read by the empty-round stop)
     consecutive_empty: int = 0
-    skipped_steps: int = 0
-    stop_reason: str | None = None
+    #: MI-ZScore-EMA state per scope
     ema: dict[str, mi.EmaState] = field(default_factory=dict)
+    #: MI pair sampling
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    #: token id -> text, a decode cache (not saved)
     token_text: dict[int, str] = field(default_factory=dict)
-    last: dict[str, float] = field(default_factory=dict)  # last round's signal metrics, for tests/benchmarks
-    #: ``filter_update_steps="proportional"``: micro-batches of this round that carry rows (the rest are empty)
-    real_micro_batches: int | None = None
-    #: set per micro-batch by the trainer: the optimizer step being accumulated has no rows (no update)
-    empty_step: bool = False
+    #: random copies that pad kept rows to whole update batches (``filter_update_steps="proportional"``)
     copy_generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
-    #: this round's advantage multiplier from ``filter_loss_scaling`` (1 when not filtering)
-    loss_scale: float = 1.0
 
     @classmethod
     def for_process(cls, seed: int, process_index: int) -> SignalState:
@@ -70,7 +66,7 @@ class SignalState:
 
     def state_dict(self) -> dict[str, Any]:
         """The state as JSON-able data, for checkpoints: a resumed run continues with the same MI cadence,
-        EMAs, pair-sampling and copy generators and early-stop counters as an uninterrupted one. ``token_text``
+        EMAs, pair-sampling and copy generators and empty-round count as an uninterrupted one. ``token_text``
         (a decode cache) is left out."""
         out: dict[str, Any] = {}
         for f in fields(self):
@@ -106,43 +102,44 @@ class SignalState:
             setattr(self, name, value)
 
 
-def after_scoring(
-    trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState, *, scale_advantages: bool = True
-) -> dict:
-    """Log MI on the unfiltered batch, then filter groups; returns the batch the loss will see.
+@dataclass
+class RoundDecision:
+    """What the signal tools decided for one training round; the trainer applies it and logs ``metrics``."""
+
+    #: the training round (0-based)
+    index: int
+    #: the rows the loss will see: the kept groups (padded to whole micro-batches), or every row with the
+    #: dropped ones masked (``filter_drop="mask"``)
+    batch: dict
+    #: nothing was kept: the round's optimizer steps must not change the weights
+    skip: bool = False
+    #: the ``filter_loss_scaling`` multiplier for the round's final advantages (1 when not filtering)
+    loss_scale: float = 1.0
+    #: ``filter_update_steps="proportional"``: micro-batches of the round that carry rows (the rest are empty)
+    update_micro_batches: int | None = None
+    #: ``snr/*`` and ``mi/*`` metrics of the round
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def decide_round(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState) -> RoundDecision:
+    """MI metrics on the unfiltered batch (every ``mi_every`` rounds), then the SNR filter's decision.
 
     ``rewards`` are the round's episode rewards over all processes, in process order (NaN = unscorable).
-    ``scale_advantages=False`` leaves the ``filter_loss_scaling`` multiplier (``state.loss_scale``) to the caller,
-    for advantages computed after the filter (:func:`apply_loss_scale`).
+    Advantages are left as they are: the trainer multiplies them by ``loss_scale`` once they are final.
     """
     args = trainer.args
-    round_idx = state.rounds
+    index = state.rounds
     state.rounds += 1
-    state.last = {}
-
-    if args.mi_every and round_idx % args.mi_every == 0 and (args.mi_first_turn or args.mi_trajectory):
-        log_mi(trainer, batch, state)
-
+    metrics: dict[str, float] = {}
+    if args.mi_every and index % args.mi_every == 0 and (args.mi_first_turn or args.mi_trajectory):
+        metrics.update(mi_metrics(trainer, batch, state))
     start = time.perf_counter()
-    batch = _filter(trainer, batch, np.asarray(rewards, dtype=np.float64), state)
-    _put(trainer, state, "snr/filter_seconds", time.perf_counter() - start)
-    return apply_loss_scale(batch, state) if scale_advantages else batch
+    decision = _filter(trainer, batch, np.asarray(rewards, dtype=np.float64), state, index)
+    decision.metrics = {**metrics, **decision.metrics, "snr/filter_seconds": time.perf_counter() - start}
+    return decision
 
 
-def apply_loss_scale(batch: dict, state: SignalState) -> dict:
-    """Multiply the advantages by the round's ``filter_loss_scaling`` factor (RAGEN scales the final advantages,
-    after its advantage estimator, ``ragen/trainer/agent_trainer.py``)."""
-    if state.loss_scale != 1.0:
-        batch["advantages"] = batch["advantages"] * state.loss_scale
-    return batch
-
-
-def _put(trainer: Any, state: SignalState, key: str, value: float) -> None:
-    trainer.log_metric(key, float(value))
-    state.last[key] = float(value)
-
-
-def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> dict:
+def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState, index: int) -> RoundDecision:
     args = trainer.args
     acc = trainer.accelerator
     G = trainer.num_generations
@@ -164,12 +161,12 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
     lo = acc.process_index * n_local
     keep_local = torch.from_numpy(dec.keep_rows(G)[lo : lo + n_local].copy())
     filtering = args.filter_strategy != "off"
-    st.skip = filtering and dec.skip
-    st.consecutive_empty = st.consecutive_empty + 1 if st.skip else 0
+    skip = filtering and dec.skip
+    st.consecutive_empty = st.consecutive_empty + 1 if skip else 0
 
     n_pad = 0
-    st.real_micro_batches = None
-    st.loss_scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling) if filtering else 1.0
+    update_micro_batches = None
+    loss_scale = snr.loss_scale(dec.kept_frac, args.filter_loss_scaling) if filtering else 1.0
     if filtering:
         spg = int(getattr(args, "steps_per_generation", None) or 1)
         if args.filter_update_steps == "proportional":
@@ -183,7 +180,7 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
             target = steps * step_rows or int(args.per_device_train_batch_size)
             out, n_pad = select_rows_copy(out, keep_local, target, st.copy_generator)
             out, _ = trim_completion_columns(out)
-            st.real_micro_batches = steps * ga
+            update_micro_batches = steps * ga
             # TRL's token-mean ("dapo") normaliser assumes every micro-batch of the round shares the tokens:
             # scale it so one real optimizer step is normalised by its own share
             total = acc.gather(loss_mask(out).sum()).sum()
@@ -208,22 +205,30 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState) -> di
     )
     var = dec.variances
     kept = dec.keep_groups
-    _put(trainer, st, "snr/num_groups", kept.size)
-    _put(trainer, st, "snr/kept_groups", kept.sum())
-    _put(trainer, st, "snr/kept_frac", dec.kept_frac)
-    _put(trainer, st, "snr/group_var_before", var.mean() if var.size else math.nan)
-    _put(trainer, st, "snr/group_var_after", var[kept].mean() if kept.any() else math.nan)
-    # RAGEN's rollout/in_group_reward_std (what its reward-variance early stop watches)
-    _put(trainer, st, "snr/group_std_before", np.sqrt(var).mean() if var.size else math.nan)
-    _put(trainer, st, "snr/zero_var_frac", (var <= snr.ZERO_TOL).mean() if var.size else math.nan)
-    _put(trainer, st, "snr/skipped", float(st.skip))
-    _put(trainer, st, "snr/consecutive_empty", st.consecutive_empty)
-    _put(trainer, st, "snr/update_rows", int(rows[0]))
-    _put(trainer, st, "snr/padding_rows", int(rows[1]))
-    if st.real_micro_batches is not None:
-        ga = int(args.gradient_accumulation_steps)
-        _put(trainer, st, "snr/update_steps", st.real_micro_batches // ga)
-    return out
+    metrics = {
+        "snr/num_groups": kept.size,
+        "snr/kept_groups": kept.sum(),
+        "snr/kept_frac": dec.kept_frac,
+        "snr/group_var_before": var.mean() if var.size else math.nan,
+        "snr/group_var_after": var[kept].mean() if kept.any() else math.nan,
+        # RAGEN's rollout/in_group_reward_std (what its reward-variance early stop watches)
+        "snr/group_std_before": np.sqrt(var).mean() if var.size else math.nan,
+        "snr/zero_var_frac": (var <= snr.ZERO_TOL).mean() if var.size else math.nan,
+        "snr/skipped": float(skip),
+        "snr/consecutive_empty": st.consecutive_empty,
+        "snr/update_rows": int(rows[0]),
+        "snr/padding_rows": int(rows[1]),
+    }
+    if update_micro_batches is not None:
+        metrics["snr/update_steps"] = update_micro_batches // int(args.gradient_accumulation_steps)
+    return RoundDecision(
+        index=index,
+        batch=out,
+        skip=skip,
+        loss_scale=loss_scale,
+        update_micro_batches=update_micro_batches,
+        metrics={k: float(v) for k, v in metrics.items()},
+    )
 
 
 # --------------------------------------------------------------------------- MI
@@ -315,9 +320,10 @@ MI_KEYS = (
 )
 
 
-def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
-    """Cross-score the batch's (prompt, reasoning) pairs and log ``mi/<scope>/<key>`` (scopes: first turn,
-    trajectory). Every process runs the same number of forwards."""
+def mi_metrics(trainer: Any, out: dict, st: SignalState) -> dict[str, float]:
+    """Cross-score the batch's (prompt, reasoning) pairs; returns ``mi/<scope>/<key>`` (scopes: first turn,
+    trajectory), each the mean over processes of its finite values. Every process runs the same number of
+    forwards."""
     from llm_gym.trainer.deprecations import old_checkpointing_names
     from trl.models.utils import disable_gradient_checkpointing
 
@@ -328,7 +334,7 @@ def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
     episodes = episodes_from_batch(trainer, out, st, rollout.turn_spans if rollout is not None else None)
     scopes = [("first_turn", mi.sample_first_turn)] if args.mi_first_turn else []
     scopes += [("trajectory", mi.sample_trajectory)] if args.mi_trajectory else []
-
+    metrics: dict[str, float] = {}
     for name, sampler in scopes:
         start = time.perf_counter()
         pairs = sampler(episodes, args.mi_num_samples, st.rng)
@@ -388,4 +394,8 @@ def log_mi(trainer: Any, out: dict, st: SignalState) -> None:
         for key, column in zip(MI_KEYS, merged.unbind(1)):
             finite = column[~torch.isnan(column)]
             if finite.numel():
-                _put(trainer, st, f"mi/{name}/{key}", finite.mean().item())
+                metrics[f"mi/{name}/{key}"] = float(finite.mean().item())
+    return metrics
+
+
+__all__ = ["MI_KEYS", "RoundDecision", "SignalState", "decide_round", "episodes_from_batch", "mi_metrics"]
