@@ -301,9 +301,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         decision = decide_round(self, out, gathered, self.signal_state)
 
         # ---------------------------------------------------------------------------------- 6. APPLY, LOG
-        out = (
-            decision.batch
-        )  # the kept rows (padded to whole micro-batches), or every row with dropped ones masked
+        # the kept rows (padded to whole micro-batches), or every row with the dropped ones masked
+        out = decision.batch
         if after_filter:
             out = self.compute_advantages(out, out.pop(ROW_REWARD))
         if decision.loss_scale != 1.0:
