@@ -176,6 +176,7 @@ TRL_HELP_GROUPS: dict[str, tuple[str, ...]] = {
 COMMON = (
     "model",
     "algo",
+    "dtype",
     "bf16",
     "use_peft",
     "profile",
@@ -320,6 +321,7 @@ def help_group_of(config_cls: type) -> dict[str, str]:
     from llm_gym.trainer import config as c
 
     own = {
+        c.ModelArguments: "model",
         c.EnvArguments: "environment",
         c.PromptArguments: "prompt",
         c.RolloutArguments: "rollouts",
