@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import gymnasium as gym
 
@@ -321,6 +321,10 @@ def check_trusted_env_id(env_id: Any, source: str = "the record") -> str:
     return env_id
 
 
+@overload
+def check_seed(seed: Any, what: str = ..., *, allow_none: Literal[False]) -> int: ...
+@overload
+def check_seed(seed: Any, what: str = ..., *, allow_none: bool = ...) -> int | None: ...
 def check_seed(seed: Any, what: str = "seed", *, allow_none: bool = True) -> int | None:
     """``seed`` as an ``int`` if it is an integer in ``[0, 2**64)`` (or ``None`` when allowed), else ``ValueError``
     (the value is shortened in the message)."""

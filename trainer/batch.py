@@ -172,8 +172,8 @@ def split_micro_batches(batch: dict, size: int, count: int) -> tuple[list[dict],
             else:
                 chunk[key] = value
         chunks.append(chunk)
-    empty = empty_micro_batch(batch) if real < count else None
-    chunks += [empty] * (count - real)
+    if real < count:
+        chunks += [empty_micro_batch(batch)] * (count - real)
     return chunks, real
 
 

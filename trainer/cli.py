@@ -239,7 +239,7 @@ def _check_env(config: Any) -> None:
         raise ValueError(str(e)) from None
 
 
-def _os_error(e: OSError) -> str:
+def _os_error(e: BaseException) -> str:
     """One line for an I/O error (``[Errno 28] No space left on device: 'path'``)."""
     return " ".join(str(e).split())
 
@@ -304,7 +304,7 @@ def _report(
 ) -> None:
     """The closing lines: evaluation after training, both evaluations beside the baselines on the same seeds
     (also written to ``eval_report.json``), the summary line, what prefix sharing saved, and the collapse plot."""
-    last = next((r for r in reversed(log_history) if "reward" in r), {})
+    last: dict[str, Any] = next((r for r in reversed(log_history) if "reward" in r), {})
     summary = [f"llmgym-train: done in {seconds:.0f}s"]
     if after:
         print(f"llmgym-train: after training: {_eval_summary(after)}")

@@ -34,7 +34,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from llm_gym.trainer import snr_filter
 from llm_gym.trainer.defaults import (
@@ -175,7 +175,7 @@ class EnvArguments:
         for name in ("max_turns", "max_actions_per_turn", "max_actions", "think"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
-        kwargs.update(self.env_kwargs or {})
+        kwargs.update(cast(dict, self.env_kwargs or {}))  # a dict once validated
         return kwargs
 
 
@@ -761,7 +761,7 @@ class LLMGymGRPOConfig(
                 raise ValueError(f"num_prompts must be a positive integer, got {self.num_prompts!r}")
             if self.steps_per_generation is not None:
                 raise ValueError("set either num_prompts or steps_per_generation, not both")
-            self.generation_batch_size = self.num_prompts * self.num_generations
+            self.generation_batch_size = self.num_prompts * cast(int, self.num_generations)
         if (
             self.generation_batch_size is not None
             and self.generation_batch_size % self.per_device_train_batch_size
@@ -794,7 +794,7 @@ class LLMGymGRPOConfig(
 
         use_current_checkpointing_names(self)  # else transformers warns that TRL's default name is deprecated
         super().__post_init__()
-        micro_batches = self.steps_per_generation * self.num_iterations
+        micro_batches = cast(int, self.steps_per_generation) * self.num_iterations  # set by GRPOConfig
         if micro_batches % self.gradient_accumulation_steps:
             # Otherwise an optimizer step spans two generation rounds: seeds repeat and the SNR skip
             # callback could drop a kept round's gradients when the next round is empty.
@@ -813,7 +813,8 @@ class LLMGymGRPOConfig(
     @property
     def num_prompts_per_round(self) -> int:
         """P: environment seeds per generation round."""
-        return (self.generation_batch_size or self.num_generations) // self.num_generations
+        group = cast(int, self.num_generations)
+        return (self.generation_batch_size or group) // group
 
 
 __all__ = [

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from llm_gym.trainer.defaults import (
     EPISODES_FILE,
@@ -126,7 +126,7 @@ def summarize_env(records: Sequence[EpisodeRecord], ks: Iterable[int], z: float 
     lo, hi = wilson_interval(wins, n, z)
     by_seed: dict[int, list[bool]] = {}
     for r in records:
-        by_seed.setdefault(int(r.seed), []).append(r.success)
+        by_seed.setdefault(int(cast(int, r.seed)), []).append(r.success)
     per_seed = min((len(v) for v in by_seed.values()), default=0)
     pass_k = {}
     for k in sorted(set(ks)):

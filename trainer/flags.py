@@ -346,9 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser over every config field plus the :class:`RunOptions`, with ``--help`` in sections."""
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
     parser = HfArgumentParser(
-        LLMGymGRPOConfig,
+        DataClassType(LLMGymGRPOConfig),
         prog="llmgym-train",
         usage=USAGE,
         description="Train an LLM agent with multi-turn RL (GRPO family or PPO) on an llm-gym environment. "
@@ -396,7 +397,7 @@ def _add_alias(parser: argparse.ArgumentParser, dest: str, alias: str) -> None:
     """Let ``alias`` (a short flag such as ``-o``) set the field ``dest`` too."""
     for action in parser._actions:
         if action.dest == dest:
-            action.option_strings.append(alias)
+            action.option_strings = [*action.option_strings, alias]
             parser._option_string_actions[alias] = action
             return
     raise ValueError(f"no option for {dest!r}")  # pragma: no cover

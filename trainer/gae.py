@@ -144,6 +144,8 @@ def masked_whiten(
     if not m.any():
         return out
     vals = x[m].float()
+    mean: torch.Tensor | float
+    std: torch.Tensor | float | None
     if moments is None:
         n = vals.numel()
         mean = vals.mean()

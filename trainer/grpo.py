@@ -22,7 +22,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from llm_gym.trainer import compat, prefix_sharing
@@ -39,6 +39,7 @@ from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, w
 from llm_gym.trainer.precision import align_trainer_model
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
 from llm_gym.trainer.signals import RoundDecision, SignalState, decide_round
+from torch import nn
 from trl import GRPOTrainer
 
 #: Batch key that carries each row's episode reward through the SNR filter (``advantages_after_filter``).
@@ -74,7 +75,8 @@ def train_seeds(args: LLMGymGRPOConfig) -> list[int]:
     elif args.max_steps and args.max_steps > 0:
         # A round holds spg * num_iterations micro-batches; the config ensures ga divides it.
         micro_batches = args.max_steps * args.gradient_accumulation_steps
-        rounds = math.ceil(micro_batches / (args.steps_per_generation * args.num_iterations)) + 1
+        spg = cast(int, args.steps_per_generation)  # set by GRPOConfig.__post_init__
+        rounds = math.ceil(micro_batches / (spg * args.num_iterations)) + 1
         n = num_prompts * rounds
     else:
         n = 100_000
@@ -107,6 +109,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
     - :meth:`compute_advantages`: replace the advantages of a scored training batch.
     """
+
+    args: LLMGymGRPOConfig
+    model: nn.Module
 
     def __init__(
         self,
@@ -276,7 +281,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
 
         # ---------------------------------------------------------------------------------- 3. EPISODE REWARDS
         # one reward per row (NaN: unscorable): every process's rows for the filter, this process's for the hook
-        rewards = episode_rewards(self._round_rewards_per_func, self.reward_weights)
+        per_func = self._round_rewards_per_func
+        assert per_func is not None  # kept by _calculate_rewards in step 1
+        rewards = episode_rewards(per_func, self.reward_weights)
         n = out["prompt_ids"].size(0)
         start = self.accelerator.process_index * n
         local = rewards[start : start + n].to(self.accelerator.device)
@@ -286,7 +293,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         advantages = out.get("advantages")
         if advantages is not None and advantages.dim() == 1:
             # a group of equal rewards has no signal: exactly zero advantage, not TRL's float32 rounding noise
-            constant = constant_group_rows(rewards, self.num_generations)[start : start + n]
+            group = cast(int, self.num_generations)  # GRPOConfig's default, 8, unless set
+            constant = constant_group_rows(rewards, group)[start : start + n]
             out["advantages"] = advantages.masked_fill(constant.to(advantages.device), 0.0)
         after_filter = self.args.advantages_after_filter
         if after_filter:
@@ -367,7 +375,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
           micro-batch holds whole groups (or consecutive rows of one) and encodes their prompt once
           (:func:`llm_gym.trainer.prefix_sharing.group_order`)."""
         args = self.args
-        spg = args.steps_per_generation
+        spg = cast(int, args.steps_per_generation)  # set by GRPOConfig.__post_init__
         proportional = args.filter_update_steps == "proportional" and args.filter_strategy != "off"
         by_group = self.prefix_sharing is not None and spg > 1
         if not self.model.training or not (proportional or by_group):
@@ -384,7 +392,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         index = step % spg
         real = self.last_round.update_micro_batches if self.last_round is not None else None
         self._empty_step = real is not None and index >= real
-        return compat.buffered_inputs(self)[index]
+        batches = compat.buffered_inputs(self)
+        assert batches is not None  # filled above
+        return batches[index]
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation plays the episodes (``_prepare_inputs`` rolls out, scores and logs them) and stops there.
@@ -456,7 +466,7 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         m["clip_ratio/region_mean"].append(gather(res.clip_frac).mean().item())
         if args.dual_clip is not None:
             m["clip_ratio/dual_mean"].append(gather(res.dual_clip_frac).mean().item())
-        if kl is not None:
+        if res.kl is not None:  # policy_loss returns the KL term when given one
             m["kl"].append(gather(res.kl.detach()).mean().item())
         return loss
 
@@ -563,5 +573,5 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             records = gather_object(records)
         if self.accelerator.is_main_process:
-            path = name if os.path.isabs(name) else os.path.join(self.args.output_dir, name)
+            path = name if os.path.isabs(name) else os.path.join(str(self.args.output_dir), name)
             write_records(path, records)

@@ -58,7 +58,7 @@ def smollm2_dir(*, convert: bool = True) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model: Any = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     # The weights are dequantized floats, but the GGUF quantizer flag makes Trainer refuse to train them.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -374,7 +374,7 @@ def load_model_and_tokenizer(
         kwargs["device_map"] = device_map
     base = adapter_base(resolved) if Path(resolved).is_dir() else None
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(resolve_model(base) if base else resolved, **kwargs)
         if base is not None:
             from llm_gym.trainer.deprecations import old_checkpointing_names
             from peft import PeftModel

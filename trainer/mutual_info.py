@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -228,13 +229,19 @@ def _classes(contexts: list[list[int]]) -> np.ndarray:
     return np.array([seen.setdefault(tuple(c), len(seen)) for c in contexts], dtype=np.int64)
 
 
+def _span(ep: Episode, turn: int) -> tuple[int, int]:
+    span = ep.reasoning[turn]
+    assert span is not None  # the samplers only pick turns with reasoning
+    return span
+
+
 def _context(ep: Episode, turn: int) -> list[int]:
-    a, _ = ep.reasoning[turn]
+    a, _ = _span(ep, turn)
     return ep.prompt_ids + ep.completion_ids[:a]
 
 
 def _reason(ep: Episode, turn: int) -> list[int]:
-    a, b = ep.reasoning[turn]
+    a, b = _span(ep, turn)
     return ep.completion_ids[a:b]
 
 
@@ -317,7 +324,9 @@ def cross_score(
     pairs = [(i, j) for i in range(n) for j in range(m)]
     pairs.sort(key=lambda p: len(contexts[p[1]]) + len(reasonings[p[0]]))
     scores = np.zeros((n, m), dtype=np.float64)
-    chunks = [pairs[s : s + batch_size] for s in range(0, len(pairs), batch_size)]
+    chunks: list[list[tuple[int, int]] | None] = [
+        pairs[s : s + batch_size] for s in range(0, len(pairs), batch_size)
+    ]
     dummy = [(0, 0)] if n and m else None
     while len(chunks) < min_chunks:
         chunks.append(None)
@@ -396,7 +405,7 @@ def cross_score_cached(
             raise ValueError("every context must have at least one token")
         x = torch.tensor([list(ctx)], dtype=torch.long, device=device)
         out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=True)
-        prefix = getattr(out, _CACHE, None)
+        prefix: Any = getattr(out, _CACHE, None)
         forwards += 1
         first = torch.log_softmax(out.logits[0, -1].float() / temperature, -1).cpu()
         for s in range(0, n, batch_size):

@@ -188,7 +188,7 @@ def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 def find_resume_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | None, list[tuple[str, str]]]:
     """The newest complete checkpoint of ``output_dir`` (or None) and ``(name, problem)`` of the newer ones
     that were skipped."""
-    skipped = []
+    skipped: list[tuple[str, str]] = []
     for _, folder in checkpoints(output_dir):
         problem = checkpoint_problem(folder)
         if problem is None:

@@ -18,7 +18,7 @@ import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from llm_gym.trainer.defaults import EVAL_TEMPERATURE, EVAL_TOP_P, MAX_NEW_TOKENS
 
@@ -519,7 +519,7 @@ class OpenAIPolicy:
         try:
             reply = self._client.chat.completions.create(
                 model=self.model,
-                messages=messages,
+                messages=cast(Any, messages),  # plain role/content dicts, as the endpoint takes them
                 temperature=s.temperature,
                 top_p=s.top_p,
                 max_tokens=s.max_new_tokens,
@@ -529,6 +529,7 @@ class OpenAIPolicy:
             raise self._error("chat completion failed", e, self.retries + 1) from None
         except (ValueError, TypeError, AttributeError) as e:  # the SDK parsing a malformed reply
             raise self._malformed("chat completion failed", e) from None
+        text: object
         try:
             text = reply.choices[0].message.content
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):  # a reply of another shape

@@ -54,9 +54,9 @@ CRITIC_FILE = "critic.safetensors"
 OLD_VALUES, RETURNS, VALUE_MASK = "ppo_old_values", "ppo_returns", "ppo_value_mask"
 
 
-def causal_lm(model: nn.Module) -> nn.Module:
+def causal_lm(model: nn.Module) -> Any:
     """The transformers causal-LM module inside ``model`` (through PEFT and DDP/accelerate wrappers)."""
-    m = model
+    m: Any = model
     for _ in range(4):
         if hasattr(m, "get_base_model"):  # PeftModel
             m = m.get_base_model()
@@ -67,7 +67,7 @@ def causal_lm(model: nn.Module) -> nn.Module:
     return m
 
 
-def backbone(lm: nn.Module) -> nn.Module:
+def backbone(lm: Any) -> nn.Module:
     """The decoder stack whose output is the last hidden state (``lm.model`` for Llama/Qwen-style models)."""
     base = getattr(lm, "base_model", None)
     if isinstance(base, nn.Module) and base is not lm:
@@ -171,14 +171,16 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
     ) -> torch.Tensor:
         """Values of the states before each completion token from the separate critic, ``chunk`` rows a forward
         (shared-prefix forwards when prefix sharing is on)."""
+        critic = self._critic
+        assert critic is not None  # critic_model="separate"
         sharing = self.prefix_sharing
         chunks = sharing.plans(ids, attn, C, chunk) if sharing is not None else None
-        if chunks is not None:
+        if sharing is not None and chunks is not None:
             return sharing.run(
-                lambda plan: self._critic(**plan.model_inputs(ids.device)), chunks, ids.size(0)
+                lambda plan: critic(**plan.model_inputs(ids.device)), chunks, ids.size(0)
             ).float()
         parts = [
-            self._critic(ids[i : i + chunk], attn[i : i + chunk])[:, P - 1 : P - 1 + C]
+            critic(ids[i : i + chunk], attn[i : i + chunk])[:, P - 1 : P - 1 + C]
             for i in range(0, ids.size(0), chunk)
         ]
         return torch.cat(parts, dim=0).float()
@@ -370,7 +372,7 @@ class LLMGymPPOTrainer(LLMGymGRPOTrainer):
             return
         from safetensors.torch import save_file
 
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        output_dir = output_dir if output_dir is not None else str(self.args.output_dir)
         if not extra:
             extra = module.state_dict()
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in extra.items()}

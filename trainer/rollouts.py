@@ -450,7 +450,7 @@ class EnvRolloutFunc:
                     self.template.tokenizer,
                     gen_cfg,
                     self.template.stop_ids,
-                    accelerator.device,
+                    trainer.accelerator.device,
                     sharing=getattr(trainer, "prefix_sharing", None),
                     lockstep=lockstep is not None,
                 )
@@ -512,6 +512,7 @@ def _rate(e: TokenEpisode, key: str) -> float:
     return sum(bool(t.info.get(key, False)) for t in turns) / len(turns) if turns else 0.0
 
 
-def env_reward(completions: list, env_reward: list[float], **_: Any) -> list[float]:
-    """Reward function for TRL: the episode reward computed during the rollout (sum of turn rewards)."""
+def env_reward(completions: list, env_reward: list[float], **_: Any) -> list[float | None]:
+    """Reward function for TRL: the episode reward computed during the rollout (sum of turn rewards); TRL's
+    contract lets a reward function return None for a row it cannot score, this one never does."""
     return [float(r) for r in env_reward]

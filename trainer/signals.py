@@ -387,10 +387,8 @@ def mi_metrics(trainer: Any, out: dict, st: SignalState) -> dict[str, float]:
         )
         result["valid_rate"] = pairs.num_valid / max(pairs.num_total, 1)
         result["seconds"] = time.perf_counter() - start
-        local = torch.tensor(
-            [result.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=acc.device
-        )
-        merged = acc.gather(local.unsqueeze(0)).view(-1, len(MI_KEYS))
+        row = torch.tensor([result.get(k, math.nan) for k in MI_KEYS], dtype=torch.float64, device=acc.device)
+        merged = acc.gather(row.unsqueeze(0)).view(-1, len(MI_KEYS))
         for key, column in zip(MI_KEYS, merged.unbind(1)):
             finite = column[~torch.isnan(column)]
             if finite.numel():

@@ -14,6 +14,7 @@ puzzle's solvability). It is ``None`` where no exact optimum is known (slippery 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -153,6 +154,11 @@ def optimum_solves(env: Any, info: Mapping[str, Any]) -> bool | None:
 
 
 # ------------------------------------------------------------------------------------------------ runs
+def _always(text: str) -> Callable[[], str]:
+    """The policy that answers ``text`` every turn."""
+    return lambda: text
+
+
 def _play_out(env: Any, reply: Callable[[], str]) -> tuple[bool, int]:
     """Step ``env`` (just reset) with ``reply()`` each turn until the episode ends; ``(success, turns)``."""
     from llm_gym.agent.rollout import MAX_TURNS_GUARD
@@ -224,7 +230,9 @@ def baseline_success(
                     continue
                 rng = np.random.default_rng([rng_seed, int(seed), sample])
                 try:
-                    won, t = _play_out(env, lambda r=rng: random_valid_policy(env, r, actions_per_turn))
+                    won, t = _play_out(
+                        env, functools.partial(random_valid_policy, env, rng, actions_per_turn)
+                    )
                 except NoBaseline as e:
                     reason = str(e)
                     continue
@@ -266,7 +274,7 @@ def constant_action_success(
 
     env = make_env(env_id, _env_kwargs(env_kwargs, max_turns, max_actions_per_turn, max_actions))
     try:
-        base = env.unwrapped
+        base: Any = env.unwrapped
         if not getattr(base, "action_names", None):
             raise NoBaseline(f"{type(base).__name__} has no fixed action names: no constant-action policy")
         limit = int(base.max_actions_per_turn)
@@ -284,7 +292,7 @@ def constant_action_success(
             wins = 0
             for seed in seeds:
                 env.reset(seed=int(seed))
-                wins += _play_out(env, lambda r=reply: r)[0]
+                wins += _play_out(env, _always(reply))[0]
             out[str(name)] = rate_with_interval(wins, len(seeds), z)
         return out
     finally:

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 
@@ -28,6 +28,9 @@ from llm_gym import _jsonl
 from llm_gym.agent.chat import ChatFormat, Conversation
 from llm_gym.core.parsing import ACTION_SEP, format_response
 from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
+
+if TYPE_CHECKING:
+    from llm_gym.core.env import TextEnv
 
 __all__ = [
     "ExportResult",
@@ -114,11 +117,12 @@ def iter_export(
     env = make_env(env_id, env_kwargs)
     try:
         expert_name = _expert_for(env)
-        base = env.unwrapped
+        base = cast("TextEnv", env.unwrapped)
         for seed in _seeds(seeds):
             obs, _ = env.reset(seed=seed)
             conv = Conversation(env, chat)
             conv.add_observation(obs)
+            info: dict[str, Any]
             total, done, info, why = 0.0, False, {}, ""
             while not done:
                 move = base.expert_move()
@@ -213,7 +217,7 @@ def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any], chat: ChatFor
     # Records are untrusted: only registered llm-gym ids (never "module:Class" imports) and the caller's kwargs
     # (a row cannot point the env at a file of its choosing).
     try:
-        check_trusted_env_id(env_id, "the row")
+        env_id = check_trusted_env_id(env_id, "the row")
         check_seed(seed, allow_none=False)
     except ValueError as e:
         return str(e)
@@ -236,6 +240,7 @@ def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any], chat: ChatFor
         obs, _ = env.reset(seed=seed)
         conv = Conversation(env, chat)
         conv.add_observation(obs)
+        info: dict[str, Any]
         done, info = False, {}
         for turn, reply in enumerate(replies):
             if done:

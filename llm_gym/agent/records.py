@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, SupportsFloat, overload
 
 import numpy as np
 
@@ -59,7 +59,13 @@ class TurnRecord:
 
     @classmethod
     def from_step(
-        cls, response: str, observation: str, reward: float, terminated: bool, truncated: bool, info: dict
+        cls,
+        response: str,
+        observation: str,
+        reward: SupportsFloat,
+        terminated: bool,
+        truncated: bool,
+        info: dict,
     ) -> TurnRecord:
         """The record of one ``env.step(response)`` and what it returned."""
         return cls(

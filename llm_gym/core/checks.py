@@ -7,12 +7,12 @@ helpers refuse it. Each caller keeps its own range check and error message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 
-def is_int(value: Any, *, numpy: bool = True) -> bool:
+def is_int(value: Any, *, numpy: bool = True) -> TypeGuard[int]:
     """Whether ``value`` is an integer: an ``int`` or (unless ``numpy=False``) a numpy integer, never a ``bool``.
 
     ``numpy=False`` where the value is stored as JSON or passed to code that needs a Python ``int``."""
@@ -21,7 +21,7 @@ def is_int(value: Any, *, numpy: bool = True) -> bool:
     return isinstance(value, (int, np.integer)) if numpy else isinstance(value, int)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """Whether ``value`` is an ``int`` or a ``float``, never a ``bool`` (finiteness is the caller's check)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -120,7 +120,7 @@ class TextEnv(gym.Env[str, str]):
       Default ``None``: the chat shows :attr:`instructions` in RAGEN's layout.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array", "human"], "render_fps": 4}
 
     #: Game reward components; ``format_penalty`` is added by the base class.
     game_reward_spec: ClassVar[RewardSpec] = RewardSpec(())
@@ -130,9 +130,9 @@ class TextEnv(gym.Env[str, str]):
     #: take it as an argument (:func:`check_answer_sep`), so it may differ per instance.
     action_sep: str | None = ACTION_SEP
     #: Glyphs the observations may contain beyond printable ASCII and ``√``.
-    glyphs: ClassVar[str] = ""
+    glyphs: str = ""  # a class default; a family may set its own per instance (e.g. per level set)
     #: Upper bound on observation length, in characters.
-    obs_max_length: ClassVar[int] = 4096
+    obs_max_length: int = 4096
     #: Answer environments set this: using up ``max_turns`` is a game rule ("no answers left"), so the episode
     #: ends ``terminated`` rather than ``truncated`` (Gymnasium reserves truncation for time limits).
     turn_limit_terminates: ClassVar[bool] = False
@@ -194,7 +194,7 @@ class TextEnv(gym.Env[str, str]):
         self._episode_over = False
         self._ended = (False, False)
         self._has_reset = False
-        self._window = None
+        self._window: Any = None  # the human-mode window (llm_gym.render), opened on the first frame
 
     # ----------------------------------------------------------------------------------------------- API
     @classmethod
@@ -447,7 +447,8 @@ class TextEnv(gym.Env[str, str]):
         if not invalid:
             return actions, None
         shown = ", ".join(repr(p) for p in invalid[:4])
-        return actions, f"invalid actions skipped: {shown}; valid actions: {', '.join(self.action_names)}"
+        valid = ", ".join(self.action_names or ())  # set: step() calls this only for envs with action names
+        return actions, f"invalid actions skipped: {shown}; valid actions: {valid}"
 
     def _random_answer(self, rng: np.random.Generator, actions_per_turn: int) -> list[str]:
         """The answer parts of a random valid answer (:meth:`sample_valid_action`): ``actions_per_turn`` uniform

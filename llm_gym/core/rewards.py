@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 #: Largest allowed magnitude of a reward component value: sums over turns, groups and batches stay finite
 #: (1e308 + 1e308 is inf, and one inf turns every advantage into NaN).
@@ -30,6 +31,10 @@ class RewardSpec:
     """An ordered set of reward components with their (possibly overridden) values."""
 
     components: tuple[RewardComponent, ...]
+
+    if TYPE_CHECKING:  # set by __post_init__, not dataclass fields (the runtime class never sees these lines)
+        _names: tuple[str, ...] = field(init=False)
+        _values: dict[str, float] = field(init=False)
 
     def __post_init__(self):
         names = [c.name for c in self.components]

@@ -71,7 +71,7 @@ class LLMGymToolEnv:
 
     def __init__(self) -> None:
         self._env = make_env(self.env_id, dict(self.env_kwargs))
-        self._base = self._env.unwrapped
+        self._base: Any = self._env.unwrapped
         self._return = 0.0
         self._success = False
         self._done = False
@@ -217,7 +217,7 @@ def make_environment_factory(
     kwargs = dict(env_kwargs)
     probe = make_env(env_id, kwargs)
     try:
-        base = probe.unwrapped
+        base: Any = probe.unwrapped
         if getattr(base, "action_names", None) and "max_turns" not in kwargs:
             kwargs["max_turns"] = int(base.max_actions)
             kwargs.setdefault("max_actions_per_turn", 1)
@@ -233,7 +233,7 @@ def tool_prompt(env_id: str, **env_kwargs: Any) -> str:
 
     env = make_env(check_trusted_env_id(resolve_env_id(env_id), "tool_prompt"), env_kwargs)
     try:
-        base = env.unwrapped
+        base: Any = env.unwrapped
         lines = [base.rules]
         names = getattr(base, "action_names", None)
         if names:

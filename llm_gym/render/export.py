@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,6 +143,7 @@ def write_video(
     n = 0
     last = first
     # H.264 with yuv420p needs even sides; padding to 16 also avoids imageio's resize.
+    writer: Any  # imageio's FFMPEG writer (its stubs lack append_data)
     with iio2.get_writer(
         path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=16
     ) as writer:

@@ -9,7 +9,7 @@ would send. :class:`PlaySession` is the state machine (testable without a window
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class PlaySession:
         seed = self._next_seed
         if seed is None:
             # A concrete seed, recorded, so that the episode can be replayed and verified.
-            seed = int(np.random.SeedSequence().entropy) % 2**32
+            seed = int(cast(int, np.random.SeedSequence().entropy)) % 2**32  # an int when none is given
         obs, _ = self.env.reset(seed=seed)
         self._next_seed = seed + 1
         self.records.append(

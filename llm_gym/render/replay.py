@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,7 +182,7 @@ def iter_replay(
     draw: bool = True,
     env_kwargs: Mapping[str, Any] | None = None,
     result: Replay | None = None,
-) -> Iterator[np.ndarray]:
+) -> Generator[np.ndarray, None, None]:
     """Re-run ``record``'s episode, yielding each state's frame as soon as it is drawn (so an exporter can write
     frames one by one instead of holding them all). The first disagreement is stored in ``result.mismatch``;
     from there on the recorded observations are yielded as text cards. Arguments as in :func:`replay_episode`.

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import cast
 
 from llm_gym.core.checks import is_int
 
@@ -179,7 +180,7 @@ class _Parser:
     def primary(self) -> Number:
         kind = self.kinds[self.pos]
         if kind == _NUM:
-            value = self.values[self.pos]
+            value = cast(Number, self.values[self.pos])  # a number token always carries its value
             self.pos += 1
             self.numbers.append(value)
             return value
@@ -345,8 +346,8 @@ class Reachable:
         n = len(self.nums)
         self.full = (1 << n) - 1
         table: list[dict[Number, tuple | None]] = [{} for _ in range(self.full + 1)]
-        for i, v in enumerate(self.nums):
-            table[1 << i][v] = None
+        for i, num in enumerate(self.nums):
+            table[1 << i][num] = None
         # Masks in increasing size so both halves of a split are complete.
         for mask in sorted(range(1, self.full + 1), key=lambda m: (m.bit_count(), m)):
             if mask.bit_count() < 2:
@@ -399,7 +400,7 @@ def reachable(nums: Sequence[int], allow_unused: bool = False) -> dict[Number, s
 def solve(nums: Sequence[int], target: Number, allow_unused: bool = False) -> str | None:
     """One expression reaching ``target`` with ``nums`` (each exactly once, or at most once when
     ``allow_unused``), or ``None`` when there is none. Depth-first, stopping at the first solution."""
-    items = [(v, (str(v), 3)) for v in _check_nums(nums)]
+    items: list[tuple[Number, tuple[str, int]]] = [(v, (str(v), 3)) for v in _check_nums(nums)]
     target = _norm(Fraction(target))
     dead: set[tuple[Number, ...]] = set()
 

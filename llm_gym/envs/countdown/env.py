@@ -44,7 +44,12 @@ GENERATION_WORK_MAX = 100_000
 TASK_MAX_NUMBERS = 64
 #: ``dataset="ragen"`` stands for these settings (``ragen/env/countdown/env.py`` and ``config.py``): the hub data,
 #: its first 20,000 rows, only puzzles solvable with + and - (``has_solution``), item ``seed % len``.
-RAGEN_DATA_SETTINGS = {"dataset": RAGEN_DATASET, "max_rows": 20_000, "operators": "+-", "index_by": "seed"}
+RAGEN_DATA_SETTINGS: dict[str, Any] = {
+    "dataset": RAGEN_DATASET,
+    "max_rows": 20_000,
+    "operators": "+-",
+    "index_by": "seed",
+}
 # RAGEN's instruction for Countdown, verbatim (RAGEN-2's protocol is defined by it; config/envs.yaml:129, with
 # max_tokens 100 at :130). RAGEN's Countdown config has no symbol legend or action lookup.
 _RAGEN_TEXT = (
@@ -184,7 +189,7 @@ def check_answer_ragen(answer: str, nums: Sequence[int], target: int) -> Verdict
             error=f"the numbers in the answer [{shown}] are not the given ones (RAGEN's check_format)",
         )
     result = evaluate(answer)
-    if result.ok and abs(result.value - target) < Fraction(1, 10**5):
+    if result.ok and result.value is not None and abs(result.value - target) < Fraction(1, 10**5):
         return Verdict("correct", result.value)
     return Verdict("wrong_value", result.value, None if result.ok else result.error)
 
@@ -355,6 +360,7 @@ class CountdownEnv(TextEnv):
         self.max_rows = max_rows
         self._kept: list[int] | None = None
         if self.data is not None and (max_rows is not None or self.operators != OPERATORS):
+            assert dataset is not None  # the data was loaded from it
             key = (os.fspath(dataset), split, max_rows, self.operators)
             kept = _KEPT.get(key)
             if kept is None:
@@ -482,7 +488,7 @@ class CountdownEnv(TextEnv):
             why = "it reaches the target."
         elif v.kind == "wrong_value" and v.value is None:  # RAGEN's rule: right numbers, not evaluable
             why = f"the numbers are right but the answer cannot be evaluated ({v.error})."
-        elif v.kind == "wrong_value":
+        elif v.kind == "wrong_value" and v.value is not None:
             shown = format_number(v.value)
             why = f"it equals {shown if len(shown) <= 40 else 'another value'}, not {self.target}."
         else:

@@ -363,7 +363,7 @@ class FrozenLakeEnv(TextEnv):
         expert takes one move per turn while it has turns to spare (more only when it would run out) and
         re-plans after every slip; export keeps only the episodes that reach the goal (slips come from the
         seeded env, so a kept episode replays identically), successful but not optimal in expectation."""
-        path = shortest_path(self.desc, tuple(self.player))
+        path = shortest_path(self.desc, (self.player[0], self.player[1]))
         if not path or len(path) > self.actions_left:
             return None
         k = self.max_actions_per_turn

@@ -130,6 +130,7 @@ class MathVerifyWorker:
         except OSError as e:
             raise WorkerError(f"could not start the math-verify worker: {e}") from None
         self._proc = proc
+        assert proc.stdout is not None  # stdout=PIPE
         try:
             reply = _read_message(proc.stdout.fileno(), time.monotonic() + self.startup_timeout)
         except TimeoutError:
@@ -154,7 +155,8 @@ class MathVerifyWorker:
             pass
         for f in (proc.stdin, proc.stdout):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
         try:
@@ -179,6 +181,8 @@ class MathVerifyWorker:
 
     def _ask_running(self, gold: str, pred: str) -> bool:
         proc = self._proc
+        # _ask started it, with both pipes
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
         try:
             os.write(proc.stdin.fileno(), encode([gold, pred]))  # a few KiB at most: fits the pipe buffer
             reply = _read_message(proc.stdout.fileno(), time.monotonic() + self.timeout)

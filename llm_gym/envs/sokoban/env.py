@@ -363,16 +363,18 @@ class SokobanEnv(TextEnv):
 
     def _apply_action(self, action: str) -> tuple[dict[str, float], bool]:
         spec = self.reward_spec
-        goals = self._level.goals
+        level = self._level
+        assert level is not None  # set by reset
+        goals = level.goals
         before = len(self._boxes & goals)
         dr, dc = _DELTA[action]
         r, c = self._player
         nxt = (r + dr, c + dc)
         moved = False
-        if nxt not in self._level.walls:
+        if nxt not in level.walls:
             if nxt in self._boxes:
                 beyond = (r + 2 * dr, c + 2 * dc)
-                if beyond not in self._level.walls and beyond not in self._boxes:
+                if beyond not in level.walls and beyond not in self._boxes:
                     self._boxes.remove(nxt)
                     self._boxes.add(beyond)
                     self._player, moved = nxt, True
@@ -427,6 +429,7 @@ class SokobanEnv(TextEnv):
     # ------------------------------------------------------------------------------------- observation
     def _grid(self) -> str:
         level, v = self._level, self.vocab
+        assert level is not None  # set by reset
         grid = [[v["empty"]] * level.width for _ in range(level.height)]
         for r, c in level.walls:
             grid[r][c] = v["wall"]
@@ -440,6 +443,7 @@ class SokobanEnv(TextEnv):
 
     def _coords(self) -> str:
         level = self._level
+        assert level is not None  # set by reset
         goals = level.goals
         on = self._player in goals
         return (
@@ -451,7 +455,9 @@ class SokobanEnv(TextEnv):
 
     def _ragen_coords(self) -> str:
         # RAGEN's format_coordinate_render: walls are not listed, empty categories are left out, cells row-major.
-        level, goals, boxes = self._level, self._level.goals, self._boxes
+        level, boxes = self._level, self._boxes
+        assert level is not None  # set by reset
+        goals = level.goals
         player = "Player on target" if self._player in goals else "Player"
         lines = [f"Board size: {level.height} rows x {level.width} cols (zero-indexed)."]
         for label, cells in (

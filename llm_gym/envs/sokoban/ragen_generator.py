@@ -300,5 +300,6 @@ def generate_ragen_level(
                 f"could not measure a generated level's optimal length within solver_max_states="
                 f"{config.solver_max_states} ({result.status}); raise solver_max_states"
             )
+        assert result.length is not None  # solved
         return GeneratedLevel(level, int(result.length), attempt)
     raise ValueError(f"no usable room in {config.max_rooms} draws for {config}")
