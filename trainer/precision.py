@@ -123,12 +123,13 @@ def decide_precision(
     where = "GPU" if gpu and not getattr(config, "use_cpu", False) else "CPU"
     compute_note = f"{amp} autocast computes the matmuls" if amp else "no autocast (bf16=False)"
     # DeepSpeed in a 16-bit mode casts every parameter itself and keeps a float32 master copy in its optimizer.
-    ds_cast = backend == "deepspeed" and amp is not None
+    ds_dtype = amp if backend == "deepspeed" else None  # the dtype DeepSpeed casts to, when it casts
+    ds_cast = ds_dtype is not None
     # accelerate's FSDP preparation upcasts 16-bit *trainable* parameters to float32 when mixed precision is on.
     fsdp_upcast = backend == "fsdp" and amp is not None
 
     if role == "value_head":
-        params = amp if ds_cast else "float32"
+        params = ds_dtype or "float32"
         return Precision(
             load="float32",
             params=params,
@@ -144,12 +145,12 @@ def decide_precision(
     model = "the critic (a copy of the policy's backbone)" if role == "critic" else "the policy"
 
     if lora:
-        frozen = amp if ds_cast else requested
+        frozen = ds_dtype or requested
         saved = getattr(config, "lora_modules_to_save", None)
         if ds_cast or fsdp_upcast:
             # DeepSpeed: fp32 master copies of every trainable tensor (TRL turns PEFT's adapter upcast off under
             # ZeRO-3, so the module holds bf16 adapters); FSDP: accelerate upcasts the trainable ones.
-            params, master = (amp if ds_cast else "float32"), "float32"
+            params, master = (ds_dtype or "float32"), "float32"
         else:
             params = master = "bfloat16" if (saved and requested == "bfloat16") else "float32"
         reason = (
@@ -175,8 +176,8 @@ def decide_precision(
             warning=warning,
         )
 
-    if ds_cast:
-        params, master = amp, "float32"
+    if ds_dtype is not None:
+        params, master = ds_dtype, "float32"
         how = (
             f"DeepSpeed casts the parameters to {amp} itself and its optimizer keeps float32 master weights "
             "(ZeRO's float32 partitions / BF16_Optimizer)"

@@ -80,7 +80,7 @@ def _split_url(url: str) -> tuple[str, str | None, bool]:
     return base, parts.password, is_loopback(host)
 
 
-def _error_text(body: bytes) -> str:
+def _error_text(body: bytes | bytearray) -> str:
     try:
         data = json.loads(body.decode("utf-8", "replace"))
     except ValueError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 
@@ -333,6 +333,7 @@ def space_from_json(data: Any) -> gym.Space:
     for name, v in (("max_length", max_length), ("min_length", min_length)):
         if not is_int(v, numpy=False) or not 0 <= v <= 1 << 24:
             raise ValueError(f"space {name} must be an integer in [0, 2**24], got {v!r}")
+    max_length = cast(int, max_length)  # checked above
     if data["type"] == "AnyText":
         return AnyText(max_length, min_length=min_length)
     charset = data.get("charset")
