@@ -406,8 +406,9 @@ def hf_stop_check(device, max_new_tokens: int = 16) -> dict:
     base is (eos ``<|endoftext|>``), through llm-gym's rollout backend (``HFGenerate`` with
     ``template_stop_ids``) and with the model's eos alone, ``<|im_end|>`` forced as the first token."""
     import torch
+    from llm_gym.trainer.chat_templates import template_stop_ids
     from llm_gym.trainer.models import load_model_and_tokenizer
-    from llm_gym.trainer.rollouts import HFGenerate, template_stop_ids
+    from llm_gym.trainer.rollouts import HFGenerate
 
     from tests._tiny import build_tiny_model
 

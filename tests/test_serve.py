@@ -833,7 +833,8 @@ def test_agent_rollout_records_are_identical_over_several_servers(server):
 
 def test_trainer_token_rollouts_are_identical_remote(server):
     pytest.importorskip("transformers")
-    from llm_gym.trainer.rollouts import ChatTemplateTokens, play_token_episodes
+    from llm_gym.trainer.chat_templates import ChatTemplateTokens
+    from llm_gym.trainer.rollouts import play_token_episodes
 
     from tests._tiny import build_tiny_tokenizer
     from tests.test_trainer_rollouts import ANSWERS, ScriptedGenerate

@@ -175,7 +175,8 @@ def test_vllm_missing_logprobs_become_nan_not_zero():
 
 
 def test_vllm_turns_stop_at_the_template_stop_ids_and_the_kwargs_are_restored():
-    from llm_gym.trainer.rollouts import VLLMGenerate, template_stop_ids
+    from llm_gym.trainer.chat_templates import template_stop_ids
+    from llm_gym.trainer.rollouts import VLLMGenerate
 
     tok = build_tiny_tokenizer("chatml")
     tok.add_special_tokens({"extra_special_tokens": ["<|im_start|>", "<|im_end|>"]})
