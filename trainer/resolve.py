@@ -184,31 +184,22 @@ def resolve_config(
     algo = get_algorithm(str(pick("algo", "grpo"))).name
     model = pick("model", DEFAULT_MODEL)
     gpu = has_gpu() if gpu is None else gpu
-    merged: dict[str, Any] = dict(algorithm_overrides(algo))
-    merged.update({k: v for k, v in profile.items() if k not in META_KEYS})
-    # the profile's settings for this algorithm (e.g. RAGEN-2's loss aggregation of each row)
+    # layers 1-2: the --algo preset, the profile, the profile's settings for this algorithm (e.g. RAGEN-2's loss
+    # aggregation of each row)
+    merged: dict[str, Any] = {**algorithm_overrides(algo), **_without_meta(profile)}
     profile_algo = {k: _convert(parser, k, v) for k, v in (per_algo.get(algo) or {}).items()}
     merged.update(profile_algo)
+    # layers 3-6: CPU settings (no GPU), --config, flags, --set
     user_keys = set(user_file) | set(explicit) | set(sets)
     cpu_layer = {} if gpu else _cpu_layer(merged, user_keys, log)
-    merged.update(cpu_layer)
-    merged.update({k: v for k, v in user_file.items() if k not in META_KEYS})
-    merged.update(explicit)
-    merged.update({k: v for k, v in sets.items() if k not in META_KEYS})
-    if not gpu and "per_device_train_batch_size" not in user_keys and merged.get("num_prompts"):
-        # one micro-batch per round: P x G rollouts, whatever P and G the user chose
-        merged["per_device_train_batch_size"] = int(merged["num_prompts"]) * int(
-            merged.get("num_generations", 8)
-        )
+    merged.update({**cpu_layer, **_without_meta(user_file), **explicit, **_without_meta(sets)})
+    if not gpu:
+        _one_micro_batch_per_round(merged, user_keys)
     resolve_env_id(env)  # an unknown name is reported as such ("did you mean"), not as a missing max_steps
     _check_steps(merged)
     merged["env"] = env
     merged.setdefault("output_dir", str(Path("runs") / f"{short_env_name(str(env))}-{algo}"))
-    build = dict(merged)
-    if dry_run and not has_gpu():
-        # --dry_run resolves the GPU settings on any machine: the config object is only built to validate them
-        build.update(use_cpu=True, bf16=False, fp16=False)
-    config = LLMGymGRPOConfig(**build)
+    config = LLMGymGRPOConfig(**_config_kwargs(merged, dry_run))
     return config, {
         **asdict(opts),
         "model": model,
@@ -225,6 +216,29 @@ def resolve_config(
         "profile_file": str(profile_file) if profile_file else None,
         "merged": merged,
     }
+
+
+def _without_meta(layer: dict[str, Any]) -> dict[str, Any]:
+    """A profile or file layer without its :data:`META_KEYS` (``model`` and ``algo`` are picked separately)."""
+    return {k: v for k, v in layer.items() if k not in META_KEYS}
+
+
+def _one_micro_batch_per_round(merged: dict[str, Any], user_keys: set[str]) -> None:
+    """On the CPU, ``per_device_train_batch_size`` = P x G (one micro-batch per round, whatever P and G the user
+    chose), unless the user set it."""
+    if "per_device_train_batch_size" not in user_keys and merged.get("num_prompts"):
+        merged["per_device_train_batch_size"] = int(merged["num_prompts"]) * int(
+            merged.get("num_generations", 8)
+        )
+
+
+def _config_kwargs(merged: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+    """The merged settings as config arguments; ``--dry_run`` resolves the GPU settings on any machine, so on one
+    without a GPU the config object (only built to validate them) gets CPU precision flags."""
+    build = dict(merged)
+    if dry_run and not has_gpu():
+        build.update(use_cpu=True, bf16=False, fp16=False)
+    return build
 
 
 def _set_layer(parser: argparse.ArgumentParser, items: list[str], names: set[str]) -> dict[str, Any]:
