@@ -96,7 +96,7 @@ def _read_local(path: Path, keep: frozenset[str] | None = None) -> list[dict[str
         return [_sanitize(row) for row in pq.read_table(path, columns=columns).to_pylist()]
     if suffix == ".jsonl":
         # The one bounded JSONL reader: each line and the whole file are capped before they are read.
-        rows = []
+        rows: list[Any] = []
         with path.open("rb") as f:
             for lineno, raw in iter_lines(f, path=str(path), max_total_bytes=MAX_FILE_BYTES):
                 if raw.strip():
