@@ -259,7 +259,7 @@ def plan_packing(
             path.append(n)
             n = n.parent
         path.reverse()
-        flat_of = []  # flat position of each of the row's tokens
+        flat_of: list[int] = []  # flat position of each of the row's tokens
         for n in path:
             flat_of.extend(range(n.flat, n.flat + n.end - n.start))
         toks, s0 = tokens[b], starts[b]
@@ -282,7 +282,7 @@ def plan_packing(
         q_index = torch.zeros((len(group), Q), dtype=torch.long)
         k_index = torch.zeros((len(group), K), dtype=torch.long)
         mask = torch.zeros((len(group), 1, Q, K), dtype=torch.bool)
-        take = []
+        take: list[int] = []
         for r, n in enumerate(group):
             q, k = n.end - n.start, len(n.keys)
             q_index[r, :q] = torch.arange(n.flat, n.flat + q)
