@@ -157,6 +157,7 @@ def noise_floor(tr: Any, batch: dict, plain_grads: dict, micro: int, extra: int 
     |log-prob difference| over loss tokens, max gradient relative difference), the float32 noise floor that any
     reordering of the computation is measured against."""
     import torch
+    from llm_gym.trainer import compat
     from llm_gym.trainer.batch import loss_mask
 
     sharing = tr.prefix_sharing
@@ -179,7 +180,9 @@ def noise_floor(tr: Any, batch: dict, plain_grads: dict, micro: int, extra: int 
             for b in (batch, padded):
                 ids = torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1)
                 attn = torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1)
-                lps.append(tr._get_per_token_logps_and_entropies(tr.model, ids, attn, C, batch_size=micro)[0])
+                lps.append(
+                    compat.per_token_logps_and_entropies(tr, tr.model, ids, attn, C, batch_size=micro)[0]
+                )
         mask = loss_mask(batch).bool()
         return float((lps[0] - lps[1])[mask].abs().max()) if mask.any() else 0.0, rel
     finally:
@@ -247,6 +250,7 @@ def logp_diff(tr: Any, sharing: Any, batch: dict, micro: int) -> float:
     """Max |log-prob difference| between the shared and the plain pass over the batch's loss tokens (forwards of
     ``micro`` rows: TRL's CPU log-prob head materialises every position's logits at once)."""
     import torch
+    from llm_gym.trainer import compat
     from llm_gym.trainer.batch import loss_mask
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -256,7 +260,7 @@ def logp_diff(tr: Any, sharing: Any, batch: dict, micro: int) -> float:
     with torch.no_grad():
         for s in (sharing, None):
             tr.prefix_sharing = s
-            out.append(tr._get_per_token_logps_and_entropies(tr.model, ids, attn, C, batch_size=micro)[0])
+            out.append(compat.per_token_logps_and_entropies(tr, tr.model, ids, attn, C, batch_size=micro)[0])
     tr.prefix_sharing = sharing
     mask = loss_mask(batch).bool()
     return float((out[0] - out[1])[mask].abs().max()) if mask.any() else 0.0
