@@ -18,6 +18,7 @@ Groups (one dataclass each, mixed into ``LLMGymGRPOConfig``):
 - :class:`PPOArguments`: the critic and GAE, read only by ``--algo ppo`` / ``--algo dapo``;
 - :class:`LossArguments`: dual-clip and one aggregation for every loss term (RAGEN-2's veRL loss);
 - :class:`EarlyStopArguments`: RAGEN's early stops (reward-variance collapse, low validation success);
+- :class:`WarmStartArguments`: ``--warm_start``, supervised fine-tuning before RL in the same run;
 - ``LoRAArguments``: TRL's ``ModelConfig`` LoRA flags (``--use_peft``, ``--lora_r``, ...), built from TRL's own
   fields by :func:`llm_gym.trainer.lora.lora_arguments` (type checkers see
   :class:`llm_gym.trainer.lora.LoRAFieldTypes`).
@@ -54,9 +55,16 @@ from llm_gym.trainer.defaults import (
     TRAIN_SEED,
 )
 from llm_gym.trainer.lora import LoRAFieldTypes, lora_arguments
-from trl import GRPOConfig
+from trl import GRPOConfig, SFTConfig
 
-from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT, ChatFormat
+from llm_gym.agent.chat import (
+    CHAT_SETTINGS,
+    CHAT_STYLES,
+    DEFAULT_SYSTEM_PROMPT,
+    DEMONSTRATIONS,
+    ChatFormat,
+    chat_format_from_settings,
+)
 from llm_gym.core.checks import is_int, is_number
 
 logger = logging.getLogger(__name__)
@@ -194,6 +202,23 @@ class PromptArguments:
             "help": "Show one demonstration turn (example state + well-formed answer) after the system message."
         },
     )
+    demonstration: str = field(
+        default="action",
+        metadata={
+            "help": "What the demonstration (one_shot_example) answers: action (the env's example answer, a fixed "
+            "legal action such as Left: a constant policy a model can copy), solver (the solver's move for the "
+            "example's own state), several (three example states with different solver moves) or placeholder "
+            "(an answer that is no legal action).",
+            "choices": list(DEMONSTRATIONS),
+        },
+    )
+    include_instructions: bool = field(
+        default=True,
+        metadata={
+            "help": "Append the environment's instructions (rules, symbols, actions, answer format) to the system "
+            "message. False makes every prompt shorter; a model that learned the task (a warm start) needs no rules."
+        },
+    )
     reward_feedback: bool = field(
         default=False, metadata={"help": "Show the previous turn's reward each turn."}
     )
@@ -212,12 +237,7 @@ class PromptArguments:
     def chat_format(self) -> ChatFormat:
         """The ``ChatFormat`` of training and in-training evaluation rollouts: always the full history, so the
         trained sequence is the one that was sampled (``llmgym-eval --history_window`` can shorten it)."""
-        return ChatFormat(
-            system_prompt=self.system_prompt,
-            reward_feedback=self.reward_feedback,
-            one_shot=self.one_shot_example,
-            style=self.chat_style,
-        )
+        return chat_format_from_settings({name: getattr(self, name) for name in CHAT_SETTINGS})
 
 
 # ------------------------------------------------------------------------------------------ rollouts and seeds
@@ -703,6 +723,133 @@ class EarlyStopArguments:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
 
 
+# ------------------------------------------------------------------------------------------ warm start (SFT)
+#: First seed of the warm start's data episodes: away from the training (10000..), evaluation (123..), the
+#: learning study's pilot (5000..) and held-out (200000..) seeds.
+WARM_START_SEED = 50_000
+#: Learning rate of supervised warm starts (pilots in docs/learning-study.md).
+SFT_LEARNING_RATE = 1e-4
+#: ``--warm_start`` values that build the data (anything else is a path to llmgym export output).
+WARM_START_POLICIES = ("random", "expert")
+
+
+def _check_eval_range(eval_seed: Any, num_eval_seeds: Any) -> None:
+    if not _nonnegative_int(eval_seed):
+        raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
+    if not _nonnegative_int(num_eval_seeds):
+        raise ValueError(f"num_eval_seeds must be a non-negative integer, got {num_eval_seeds!r}")
+
+
+@dataclass
+class SFTDataArguments:
+    """What ``llmgym-sft`` trains on, and the evaluation seeds its data must not overlap."""
+
+    data: str | None = field(
+        default=None,
+        metadata={
+            "help": "llmgym export output: a JSONL file of chat rows, or a folder written with --format hf "
+            "(datasets.save_to_disk). Loss on the assistant turns of each episode only."
+        },
+    )
+    eval_seed: int = field(
+        default=EVAL_SEED,
+        metadata={
+            "help": "First evaluation seed the model will be judged on; a data row with a seed in eval_seed .. "
+            "eval_seed + num_eval_seeds - 1 is refused (training on the test boards)."
+        },
+    )
+    num_eval_seeds: int = field(
+        default=64, metadata={"help": "Evaluation seeds the data must not overlap (0 = no check)."}
+    )
+
+    def validate_sft_data(self) -> None:
+        if not self.data:
+            raise ValueError("--data is required: llmgym export output (a JSONL file or a datasets folder)")
+        _check_eval_range(self.eval_seed, self.num_eval_seeds)
+
+
+@dataclass
+class WarmStartArguments:
+    """``llmgym-train --warm_start``: supervised fine-tuning on trajectories of a policy we have, then RL."""
+
+    warm_start: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fine-tune on trajectories before RL, in the same run: random (the random valid-action policy: "
+            "the answer format without a policy), expert (the solver; see warm_start_expert_fraction), or a path "
+            "to llmgym export output. Evaluations of the base model, the warm start and the RL model are reported "
+            "on the same seeds. The data's seeds must not overlap the evaluation seeds."
+        },
+    )
+    warm_start_expert_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "With --warm_start expert: share of the episodes the solver plays, the others by the random "
+            "valid-action policy (default 1.0: all expert; 0.5: a partial expert)."
+        },
+    )
+    warm_start_episodes: int = field(
+        default=256, metadata={"help": "Episodes of warm-start data (seeds warm_start_seed ..)."}
+    )
+    warm_start_seed: int = field(
+        default=WARM_START_SEED, metadata={"help": "First seed of the warm-start data episodes."}
+    )
+    warm_start_max_steps: int = field(
+        default=60,
+        metadata={
+            "help": "Optimizer steps of the warm start (repeating the data as needed; SmolLM2 on 3x3 FrozenLake "
+            "learned to read the board between steps 20 and 60 at lr 1e-4: docs/learning-study.md)."
+        },
+    )
+    warm_start_learning_rate: float = field(
+        default=SFT_LEARNING_RATE, metadata={"help": "Learning rate of the warm start."}
+    )
+    warm_start_batch_size: int = field(
+        default=8, metadata={"help": "Episodes per optimizer step of the warm start."}
+    )
+    warm_start_micro_batch_size: int = field(
+        default=4,
+        metadata={
+            "help": "Episodes per forward/backward pass of the warm start (divides warm_start_batch_size)."
+        },
+    )
+
+    def validate_warm_start_args(self) -> None:
+        if self.warm_start is None:
+            return
+        if not isinstance(self.warm_start, str) or not self.warm_start.strip():
+            raise ValueError("warm_start must be random, expert or a path to llmgym export output")
+        fraction = self.warm_start_expert_fraction
+        if fraction is not None:
+            if self.warm_start != "expert":
+                raise ValueError("warm_start_expert_fraction needs --warm_start expert")
+            if not 0.0 <= _finite("warm_start_expert_fraction", fraction) <= 1.0:
+                raise ValueError(f"warm_start_expert_fraction must be in [0, 1], got {fraction}")
+        for name in ("warm_start_episodes", "warm_start_max_steps", "warm_start_batch_size"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not _positive_int(self.warm_start_micro_batch_size) or (
+            self.warm_start_batch_size % self.warm_start_micro_batch_size
+        ):
+            raise ValueError(
+                f"warm_start_micro_batch_size ({self.warm_start_micro_batch_size!r}) must be a positive divisor of "
+                f"warm_start_batch_size ({self.warm_start_batch_size})"
+            )
+        if not _nonnegative_int(self.warm_start_seed):
+            raise ValueError(f"warm_start_seed must be a non-negative integer, got {self.warm_start_seed!r}")
+        if not _finite("warm_start_learning_rate", self.warm_start_learning_rate) > 0:
+            raise ValueError(f"warm_start_learning_rate must be > 0, got {self.warm_start_learning_rate}")
+
+    @property
+    def warm_start_fraction(self) -> float | None:
+        """Share of expert episodes in the data the warm start builds (None: the data is a given path)."""
+        if self.warm_start == "random":
+            return 0.0
+        if self.warm_start == "expert":
+            return 1.0 if self.warm_start_expert_fraction is None else float(self.warm_start_expert_fraction)
+        return None
+
+
 # ------------------------------------------------------------------------------------------ the full config
 if TYPE_CHECKING:
     LoRAArguments = LoRAFieldTypes
@@ -722,6 +869,7 @@ class LLMGymGRPOConfig(
     PPOArguments,
     LossArguments,
     EarlyStopArguments,
+    WarmStartArguments,
     LoRAArguments,  # TRL's ModelConfig LoRA flags (--use_peft, --lora_r, ...)
 ):
     """TRL's ``GRPOConfig`` plus llm-gym's environment, prompt, rollout, evaluation, output, SNR filter,
@@ -809,6 +957,7 @@ class LLMGymGRPOConfig(
         self.validate_ppo_args()
         self.validate_loss_args()
         self.validate_early_stop_args()
+        self.validate_warm_start_args()
 
     @property
     def num_prompts_per_round(self) -> int:
@@ -817,12 +966,53 @@ class LLMGymGRPOConfig(
         return (self.generation_batch_size or group) // group
 
 
+@dataclass
+class LLMGymSFTConfig(SFTConfig, ModelArguments, SFTDataArguments, LoRAArguments):
+    """TRL's ``SFTConfig`` plus llm-gym's data settings (with the evaluation seeds the data must not overlap), the
+    weights' dtype and TRL's LoRA flags (``llmgym-sft``). The loss is on the assistant turns of each episode only
+    (the mask comes from the same token-exact rendering as RL rollouts,
+    :func:`llm_gym.trainer.sft.tokenize_conversation`)."""
+
+    # TRL fields whose default differs for warm starts on exported episodes.
+    learning_rate: float = field(
+        default=SFT_LEARNING_RATE,
+        metadata={"help": "AdamW learning rate (pilots on SmolLM2-135M: docs/learning-study.md)."},
+    )
+    max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest episode in tokens; longer rows are dropped and counted (never truncated: a cut "
+            "episode would teach a partial game). None: no limit."
+        },
+    )
+    save_strategy: str = field(
+        default="no", metadata={"help": "Checkpoints during training (the final model is always saved)."}
+    )
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Trackers to report to (none, tensorboard, trackio, ...)."}
+    )
+    logging_steps: float = field(default=5, metadata={"help": "Log every this many optimizer steps."})
+
+    def __post_init__(self) -> None:
+        self.validate_sft_data()
+        self.validate_model_args()
+        if self.max_length is not None and not _positive_int(self.max_length):
+            raise ValueError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+        if self.packing:
+            raise ValueError("packing is not supported: every row is one episode with its own loss mask")
+        from llm_gym.trainer.deprecations import use_current_checkpointing_names
+
+        use_current_checkpointing_names(self)  # else transformers warns that TRL's default name is deprecated
+        super().__post_init__()
+
+
 __all__ = [
     "EarlyStopArguments",
     "EnvArguments",
     "EvalArguments",
     "FilterArguments",
     "LLMGymGRPOConfig",
+    "LLMGymSFTConfig",
     "LoRAArguments",
     "LossArguments",
     "MIArguments",
@@ -831,5 +1021,9 @@ __all__ = [
     "PPOArguments",
     "PromptArguments",
     "RolloutArguments",
+    "SFTDataArguments",
+    "SFT_LEARNING_RATE",
     "SignalArguments",
+    "WARM_START_SEED",
+    "WarmStartArguments",
 ]

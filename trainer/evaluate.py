@@ -37,7 +37,8 @@ from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eva
     outcome_summary,
     wilson_interval,
 )
-from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT
+from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT, DEMONSTRATIONS, ChatFormat
+from llm_gym.agent.chat import chat_settings as chat_settings_of
 from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail, write_records
 from llm_gym.registration import resolve_env_id
 from llm_gym.safe_io import OutputLock, OutputLockedError, atomic_write_text
@@ -389,9 +390,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"sentence opening the system message (default: {DEFAULT_SYSTEM_PROMPT!r})",
     )
+    chat.add_argument(
+        "--demonstration",
+        choices=DEMONSTRATIONS,
+        default=None,
+        help="what the demonstration answers (see llmgym-train --help) (default: action)",
+    )
     for name, what in (
-        ("reward_feedback", "show the previous turn's reward each turn"),
-        ("one_shot_example", "show one demonstration turn after the system message"),
+        (
+            "include_instructions",
+            "append the environment's instructions to the system message (default: True)",
+        ),
+        ("reward_feedback", "show the previous turn's reward each turn (default: False)"),
+        ("one_shot_example", "show one demonstration turn after the system message (default: False)"),
     ):
         chat.add_argument(
             f"--{name}",
@@ -400,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
             const=True,
             default=None,
             metavar="BOOL",
-            help=f"{what} (default: False)",
+            help=what,
         )
     p.add_argument(
         "--batch_size",
@@ -456,12 +467,7 @@ def chat_settings(a: argparse.Namespace, log: Any = None) -> dict[str, Any]:
             used = sorted(k for k in saved if given.get(k) is None)
             if used and log is not None:
                 log(f"llmgym-eval: chat settings of the trained run from {where}: {', '.join(used)}")
-    defaults = {
-        "chat_style": "llmgym",
-        "system_prompt": DEFAULT_SYSTEM_PROMPT,
-        "reward_feedback": False,
-        "one_shot_example": False,
-    }
+    defaults = chat_settings_of(ChatFormat())
     out = {k: (given[k] if given[k] is not None else saved.get(k, defaults[k])) for k in RUN_CHAT_FIELDS}
     if out["chat_style"] not in CHAT_STYLES:
         raise ValueError(f"chat_style must be one of {CHAT_STYLES}, got {out['chat_style']!r}")
@@ -526,7 +532,7 @@ def make_policy(a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from llm_gym.agent.chat import ChatFormat
+    from llm_gym.agent.chat import chat_format_from_settings
 
     args = build_parser().parse_args(argv)
     lock = None
@@ -566,13 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             output=episodes,
             fingerprint=fingerprint,
             env_kwargs=env_kwargs,
-            chat=ChatFormat(
-                history_window=args.history_window,
-                system_prompt=chat_kw["system_prompt"],
-                reward_feedback=chat_kw["reward_feedback"],
-                one_shot=chat_kw["one_shot_example"],
-                style=chat_kw["chat_style"],
-            ),
+            chat=chat_format_from_settings(chat_kw, history_window=args.history_window),
             resume=args.resume,
             batch_size=args.batch_size,
             ks=ks,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llm_gym.agent.chat import CHAT_SETTINGS, ChatFormat
 from llm_gym.safe_io import (
     LOCK_FILE,
     atomic_path,
@@ -433,7 +434,7 @@ def prepare_output_dir(
 
 # ------------------------------------------------------------------------------------------ run settings
 #: Config fields saved in :data:`RUN_FILE`: what ``llmgym-eval`` needs to show a trained model the same chat.
-RUN_CHAT_FIELDS = ("chat_style", "system_prompt", "reward_feedback", "one_shot_example")
+RUN_CHAT_FIELDS = tuple(CHAT_SETTINGS)
 
 
 def write_run_file(folder: str | os.PathLike, config: Any) -> Path:
@@ -453,7 +454,7 @@ def read_run_chat(model_path: str | os.PathLike) -> tuple[dict[str, Any], Path] 
     run folder) or in its parent (a ``checkpoint-N`` folder); None when there is none. Only the known fields of
     the expected types are returned (the file is data, not trusted code)."""
     folder = Path(model_path)
-    types = {"chat_style": str, "system_prompt": str, "reward_feedback": bool, "one_shot_example": bool}
+    types = {name: type(getattr(ChatFormat(), attr)) for name, attr in CHAT_SETTINGS.items()}
     for candidate in (folder / RUN_FILE, folder.parent / RUN_FILE):
         if not candidate.is_file() or candidate.stat().st_size > 2**20:
             continue

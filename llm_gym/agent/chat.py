@@ -20,6 +20,9 @@ from llm_gym.registration import make_env
 DEFAULT_SYSTEM_PROMPT = "You're a helpful assistant."
 #: ``ChatFormat.style`` values.
 CHAT_STYLES = ("llmgym", "ragen")
+#: ``ChatFormat.demonstration`` values: what the demonstration of ``one_shot`` answers (see
+#: :mod:`llm_gym.agent.demonstrations`).
+DEMONSTRATIONS = ("action", "solver", "several", "placeholder")
 
 # RAGEN's turn text, reproduced verbatim because RAGEN-2's protocol is defined by it, assembled as in
 # ``ragen/llm_agent/ctx_manager.py`` (``_init_prefix_lookup``, ``_build_system_content``,
@@ -45,8 +48,13 @@ class ChatFormat:
         reward_feedback: show the previous turn's reward at the top of each turn.
         show_budget: show the actions and turns left in each turn.
         max_response_tokens: when set, the turn text asks the model to stay under this many tokens.
-        one_shot: put one demonstration exchange (an example state and a well-formed answer) after the system
-            message; small models (e.g. SmolLM2-135M) rarely follow the answer format without it.
+        one_shot: put a demonstration (an example state and a well-formed answer) after the system message; small
+            models (e.g. SmolLM2-135M) rarely follow the answer format without it.
+        demonstration: what the demonstration answers (``one_shot`` only): ``action``, the env's example answer
+            (a fixed legal action such as ``Left``, the same for every state: a constant policy a model can copy);
+            ``solver``, the solver's move for the demonstration's own state; ``several``, three example states
+            with the solver's moves, all different; ``placeholder``, an answer that is no legal action
+            (``ActionName``). Measured in ``docs/learning-study.md``.
         style: ``"llmgym"`` (default, the fields above) or ``"ragen"``: RAGEN's exact text for the envs that
             have it (``TextEnv.ragen_prompt``: Sokoban, FrozenLake, Countdown and MetaMathQA; system: its
             instruction, then the symbol legend and action list where RAGEN has them; each turn: state, actions left,
@@ -63,6 +71,7 @@ class ChatFormat:
     max_response_tokens: int | None = None
     one_shot: bool = False
     style: str = "llmgym"
+    demonstration: str = "action"
 
     @property
     def generation_prefix(self) -> str:
@@ -74,6 +83,8 @@ class ChatFormat:
     def __post_init__(self) -> None:
         if self.style not in CHAT_STYLES:
             raise ValueError(f"style must be one of {CHAT_STYLES}, got {self.style!r}")
+        if self.demonstration not in DEMONSTRATIONS:
+            raise ValueError(f"demonstration must be one of {DEMONSTRATIONS}, got {self.demonstration!r}")
         if self.history_window is not None and (
             not is_int(self.history_window, numpy=False) or self.history_window < 1
         ):
@@ -84,6 +95,29 @@ class ChatFormat:
             raise ValueError(
                 f"max_response_tokens must be positive or None, got {self.max_response_tokens!r}"
             )
+
+
+#: The :class:`ChatFormat` fields a trained model's chat is rebuilt from, under ``llmgym-train``'s config names
+#: (what ``llmgym_run.json`` and exported rows keep): config name -> ``ChatFormat`` field.
+CHAT_SETTINGS = {
+    "chat_style": "style",
+    "system_prompt": "system_prompt",
+    "include_instructions": "include_instructions",
+    "reward_feedback": "reward_feedback",
+    "one_shot_example": "one_shot",
+    "demonstration": "demonstration",
+}
+
+
+def chat_settings(fmt: ChatFormat) -> dict[str, Any]:
+    """``fmt``'s :data:`CHAT_SETTINGS` under the config names."""
+    return {name: getattr(fmt, attr) for name, attr in CHAT_SETTINGS.items()}
+
+
+def chat_format_from_settings(settings: dict[str, Any], **kwargs: Any) -> ChatFormat:
+    """The :class:`ChatFormat` of ``settings`` (config names; missing ones keep their defaults) and ``kwargs``."""
+    given = {CHAT_SETTINGS[k]: v for k, v in settings.items() if k in CHAT_SETTINGS}
+    return ChatFormat(**given, **kwargs)
 
 
 def _base(env: gym.Env) -> Any:
@@ -221,9 +255,17 @@ def _demo_env(env: gym.Env) -> gym.Env:
 
 
 def example_exchange(env: gym.Env, fmt: ChatFormat | None = None) -> list[dict[str, str]]:
-    """A demonstration turn: a fresh copy of ``env`` at :data:`EXAMPLE_SEED` and a well-formed answer."""
+    """The demonstration: a fresh copy of ``env`` at :data:`EXAMPLE_SEED` and a well-formed answer (the env's
+    example answer; other ``fmt.demonstration`` kinds come from :mod:`llm_gym.agent.demonstrations`)."""
     fmt = fmt or ChatFormat()
     demo = _demo_env(env)
+    if fmt.demonstration != "action":
+        from llm_gym.agent.demonstrations import demonstration
+
+        try:
+            return demonstration(demo, fmt)
+        finally:
+            demo.close()
     try:
         obs, _ = demo.reset(seed=EXAMPLE_SEED)
         user = turn_text(demo, obs, turn=1, fmt=fmt)

@@ -9,9 +9,15 @@ the current state on every turn (a solver's optimal plan, a shortest safe path, 
 answer); each env's ``expert_move`` docstring says what its expert does.
 
 Episodes the expert cannot solve (no solution found within the solver's budget, a slip into a hole) are skipped
-and counted. Every row carries ``env_id``, ``seed``, ``env_kwargs`` (JSON text), ``llm_gym_version`` and the
-``expert``; :func:`verify_rows` replays the assistant messages through a fresh env with the same seed and checks
-that the episode ends in success.
+and counted. Every row carries ``env_id``, ``seed``, ``env_kwargs`` (JSON text), ``llm_gym_version``, the
+``expert``, the ``policy`` that played it, its ``success`` and the ``chat`` settings it was rendered with (JSON
+text); :func:`verify_rows` replays the assistant messages through a fresh env with the same seed and checks that
+an expert row's episode ends in success.
+
+Besides the expert, the **random valid-action policy** (:func:`llm_gym.agent.baselines.random_valid_policy`, the
+same stream as the random baseline on those seeds) plays episodes that teach the answer format without a policy;
+``expert_fraction`` mixes the two, seed by seed (:func:`plays_expert`). Random episodes are kept whether they
+succeed or not.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
+import numpy as np
 
 from llm_gym import _jsonl
-from llm_gym.agent.chat import ChatFormat, Conversation
+from llm_gym.agent.chat import ChatFormat, Conversation, chat_settings
+from llm_gym.core.checks import is_number
 from llm_gym.core.parsing import ACTION_SEP, format_response
 from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
@@ -33,12 +41,16 @@ if TYPE_CHECKING:
     from llm_gym.core.env import TextEnv
 
 __all__ = [
+    "EXPERT_POLICY",
+    "RANDOM_POLICY",
     "ExportResult",
     "RowProblem",
     "RowProblems",
     "export_dataset",
     "export_episodes",
+    "expert_reply",
     "iter_export",
+    "plays_expert",
     "read_jsonl",
     "verify_rows",
     "write_jsonl",
@@ -46,6 +58,8 @@ __all__ = [
 
 #: Most messages replayed from one row (every llm-gym episode ends long before).
 MAX_ROW_MESSAGES = 2000
+#: ``policy`` of the rows each player writes.
+EXPERT_POLICY, RANDOM_POLICY = "expert", "random-valid"
 
 
 def _expert_for(env: gym.Env) -> str:
@@ -58,6 +72,28 @@ def _expert_for(env: gym.Env) -> str:
             "TextEnv.expert_move and sets expert_name"
         )
     return name
+
+
+def expert_reply(env: gym.Env) -> str | None:
+    """The expert's reply for ``env``'s current state (just reset or mid-episode), or None when it has no plan
+    from here. Raises ``ValueError`` for a family without an expert."""
+    _expert_for(env)
+    base = cast("TextEnv", env.unwrapped)
+    move = base.expert_move()
+    if move is None:
+        return None
+    return format_response(move.parts, move.think, use_think=base.think, sep=base.action_sep or ACTION_SEP)
+
+
+def plays_expert(seed: int, expert_fraction: float, rng_seed: int = 0) -> bool:
+    """Whether the expert (rather than the random valid-action policy) plays ``seed`` when a share
+    ``expert_fraction`` of the seeds goes to the expert: each seed independently, from
+    ``default_rng([rng_seed, seed, 1])`` (deterministic and independent of the other seeds and their order)."""
+    if expert_fraction >= 1.0:
+        return True
+    if expert_fraction <= 0.0:
+        return False
+    return bool(np.random.default_rng([rng_seed, seed, 1]).random() < expert_fraction)
 
 
 # ------------------------------------------------------------------------------------------------- export
@@ -87,10 +123,17 @@ def export_episodes(
     *,
     env_kwargs: Mapping[str, Any] | None = None,
     chat: ChatFormat | None = None,
+    expert_fraction: float = 1.0,
+    rng_seed: int = 0,
 ) -> ExportResult:
-    """Play every seed with the env's expert; keep the episodes that end in success as chat rows."""
+    """Play every seed with the env's expert (kept when the episode ends in success) or, for a share
+    ``1 - expert_fraction`` of the seeds (:func:`plays_expert`), with the random valid-action policy (always kept);
+    return the chat rows and the skipped seeds."""
     result = ExportResult()
-    for seed, row, why in iter_export(env_id, seeds, env_kwargs=env_kwargs, chat=chat):
+    rows = iter_export(
+        env_id, seeds, env_kwargs=env_kwargs, chat=chat, expert_fraction=expert_fraction, rng_seed=rng_seed
+    )
+    for seed, row, why in rows:
         if row is None:
             result.skipped[seed] = why
         else:
@@ -104,41 +147,45 @@ def iter_export(
     *,
     env_kwargs: Mapping[str, Any] | None = None,
     chat: ChatFormat | None = None,
+    expert_fraction: float = 1.0,
+    rng_seed: int = 0,
 ) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
-    """:func:`export_episodes` one seed at a time: ``(seed, row, "")`` for a solved episode, ``(seed, None, why)``
+    """:func:`export_episodes` one seed at a time: ``(seed, row, "")`` for a kept episode, ``(seed, None, why)``
     for a skipped one. Memory does not grow with the number of seeds (``llmgym export`` writes rows as they
     come)."""
     import llm_gym
+    from llm_gym.agent.baselines import random_valid_policy
 
+    if not is_number(expert_fraction) or not 0.0 <= expert_fraction <= 1.0:
+        raise ValueError(f"expert_fraction must be in [0, 1], got {expert_fraction!r}")
     env_id = resolve_env_id(env_id)
     env_kwargs = dict(env_kwargs or {})
     kwargs_text = _kwargs_text(env_kwargs)
     chat = chat or ChatFormat()
+    chat_text = json.dumps(chat_settings(chat), sort_keys=True)
     env = make_env(env_id, env_kwargs)
     try:
-        expert_name = _expert_for(env)
-        base = cast("TextEnv", env.unwrapped)
+        expert_name = _expert_for(env) if expert_fraction > 0 else ""
         for seed in _seeds(seeds):
+            expert_row = plays_expert(seed, expert_fraction, rng_seed)
             obs, _ = env.reset(seed=seed)
             conv = Conversation(env, chat)
             conv.add_observation(obs)
             info: dict[str, Any]
             total, done, info, why = 0.0, False, {}, ""
+            rng = np.random.default_rng([rng_seed, seed, 0])  # the random baseline's stream for this seed
             while not done:
-                move = base.expert_move()
-                if move is None:
+                reply = expert_reply(env) if expert_row else random_valid_policy(env, rng)
+                if reply is None:
                     why = "the expert found no solution within the budget"
                     break
-                reply = format_response(
-                    move.parts, move.think, use_think=base.think, sep=base.action_sep or ACTION_SEP
-                )
                 obs, reward, terminated, truncated, info = env.step(reply)
                 conv.add_reply(reply)
                 total += float(reward)
                 done = terminated or truncated
                 if not done:
                     conv.add_observation(obs, reward=float(reward), info=info)
-            if not done or not info.get("success", False):
+            if not done or (expert_row and not info.get("success", False)):
                 yield seed, None, why or "the episode did not end in success"
                 continue
             yield (
@@ -149,9 +196,12 @@ def iter_export(
                     "seed": seed,
                     "env_kwargs": kwargs_text,
                     "llm_gym_version": llm_gym.__version__,
-                    "expert": expert_name,
+                    "expert": expert_name if expert_row else RANDOM_POLICY,
+                    "policy": EXPERT_POLICY if expert_row else RANDOM_POLICY,
+                    "chat": chat_text,
                     "episode_return": total,
                     "num_turns": len(conv.replies),
+                    "success": bool(info.get("success", False)),
                 },
                 "",
             )
@@ -263,7 +313,7 @@ def _replay(row: Mapping[str, Any], env_kwargs: Mapping[str, Any], chat: ChatFor
             return f"the row has {len(messages)} messages; replaying its replies gives {len(expected)}"
         if not done:
             return "the episode has not ended after the last assistant message"
-        if not info.get("success", False):
+        if row.get("policy") != RANDOM_POLICY and not info.get("success", False):
             return "the replayed episode does not end in success"
     finally:
         env.close()

@@ -1,0 +1,88 @@
+"""Format demonstrations that cannot become the policy (``ChatFormat(one_shot=True, demonstration=...)``).
+
+The original demonstration (``demonstration="action"``) answers the env's example answer, a fixed legal action
+(``Left`` on FrozenLake) whatever the state: a constant policy that an untrained model copies, and that GRPO then
+reinforces on the boards where it happens to work (``docs/learning-study.md``). The kinds here show the answer
+format without handing the model a constant answer:
+
+* ``solver``: one example state (:data:`~llm_gym.agent.chat.EXAMPLE_SEED`) answered with the solver's move for
+  *that* state, which is the right answer there and not a rule for other states;
+* ``several``: :data:`SEVERAL` example states answered with the solver's moves, all different answers, so no
+  single answer is demonstrated;
+* ``placeholder``: one example state answered with a name that is no legal action (``ActionName``), so copying it
+  is an invalid answer rather than a policy.
+
+Example states come from a fresh copy of the env reset at seeds from ``EXAMPLE_SEED`` on (outside the training,
+evaluation and pilot seed ranges); the search for solvable states with distinct answers is bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from llm_gym.agent.chat import EXAMPLE_SEED, ChatFormat, answer_format, turn_text
+from llm_gym.core.parsing import ACTION_SEP, format_response
+
+#: Example states of ``demonstration="several"``.
+SEVERAL = 3
+#: Example seeds tried at most when looking for solvable states (and distinct answers).
+MAX_EXAMPLE_SEEDS = 200
+#: The placeholder answer of action environments: no environment has an action of this name.
+PLACEHOLDER_ACTION = "ActionName"
+
+
+def _placeholder(base: Any) -> str:
+    names = list(getattr(base, "action_names", None) or [])
+    if (
+        not names
+    ):  # free answers (Bandit's ArmName, Countdown's "..."): the env's example names no legal answer
+        return base.example_response() if hasattr(base, "example_response") else ""
+    if (
+        PLACEHOLDER_ACTION in names
+    ):  # pragma: no cover - no env has it; never show a legal action as placeholder
+        raise ValueError(f"{type(base).__name__} has an action named {PLACEHOLDER_ACTION!r}")
+    k = min(2, int(getattr(base, "max_actions_per_turn", 1)))
+    return format_response(
+        [PLACEHOLDER_ACTION] * k, "...", use_think=base.think, sep=base.action_sep or ACTION_SEP
+    )
+
+
+def demonstration(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
+    """The demonstration messages (user, assistant, ...) of ``fmt.demonstration``, shown on ``demo``: a copy of
+    the episode's env that this function resets (at seeds from :data:`EXAMPLE_SEED` on)."""
+    from llm_gym.agent.export import expert_reply
+
+    kind = fmt.demonstration
+    if kind == "placeholder":
+        obs, _ = demo.reset(seed=EXAMPLE_SEED)
+        answer = _placeholder(demo.unwrapped) or answer_format(demo)
+        return [
+            {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
+            {"role": "assistant", "content": answer},
+        ]
+    if kind not in ("solver", "several"):
+        raise ValueError(f"no demonstration of kind {kind!r} here")
+    want = 1 if kind == "solver" else SEVERAL
+    messages: list[dict[str, str]] = []
+    answers: set[str] = set()
+    for seed in range(EXAMPLE_SEED, EXAMPLE_SEED + MAX_EXAMPLE_SEEDS):
+        obs, _ = demo.reset(seed=seed)
+        answer = expert_reply(demo)
+        if answer is None or answer in answers:
+            continue
+        answers.add(answer)
+        messages += [
+            {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
+            {"role": "assistant", "content": answer},
+        ]
+        if len(answers) == want:
+            return messages
+    raise ValueError(
+        f"demonstration={kind!r}: found {len(answers)} of {want} solvable example states with distinct answers in "
+        f"seeds {EXAMPLE_SEED}..{EXAMPLE_SEED + MAX_EXAMPLE_SEEDS - 1}"
+    )
+
+
+__all__ = ["MAX_EXAMPLE_SEEDS", "PLACEHOLDER_ACTION", "SEVERAL", "demonstration"]
