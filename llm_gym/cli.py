@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
@@ -226,14 +227,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
         env_id = resolve_env_id(args.env)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    fraction = (
+        {"expert": 1.0, "random": 0.0}[args.policy] if args.expert_fraction is None else args.expert_fraction
+    )
+    if not 0.0 <= fraction <= 1.0:
+        raise UsageError(f"--expert_fraction must be in [0, 1], got {fraction}")
     skipped: list[tuple[int, str]] = []
     n_skipped = 0
+    policies: Counter[str] = Counter()
+    seeds = range(args.seed, args.seed + args.num_episodes)
 
     def rows() -> Iterator[dict]:
         nonlocal n_skipped
-        seeds = range(args.seed, args.seed + args.num_episodes)
-        for seed, row, why in iter_export(env_id, seeds, env_kwargs=kwargs):
+        for seed, row, why in iter_export(env_id, seeds, env_kwargs=kwargs, expert_fraction=fraction):
             if row is not None:
+                policies[row["policy"]] += 1
                 yield row
                 continue
             n_skipped += 1
@@ -251,7 +259,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         n = len(data)
     else:
         n = write_jsonl(rows(), args.out)  # rows are written as they are played
-    print(f"wrote {n} expert episode(s) of {env_id} to {args.out}; skipped {n_skipped} seed(s)")
+    played = ", ".join(f"{c} {p}" for p, c in policies.items()) or "none"
+    print(
+        f"wrote {n} episode(s) of {env_id} ({played}; seeds {seeds.start}..{seeds.stop - 1}) to {args.out}; "
+        f"skipped {n_skipped} seed(s)"
+    )
     for seed, why in skipped:
         print(f"  skipped seed {seed}: {why}")
     if args.verify:
@@ -313,7 +325,7 @@ def _report_problems(problems, path: str) -> int:
     if failed:
         print(f"{path}: {failed} row(s) failed the replay check", file=sys.stderr)
         return EXIT_RUNTIME
-    print(f"{path}: every row replays to a solved episode")
+    print(f"{path}: every row replays exactly (and every expert row to a solved episode)")
     return EXIT_OK
 
 
@@ -365,7 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     play.set_defaults(func=_cmd_play)
 
     export = sub.add_parser(
-        "export", help="write solver (expert) episodes as a chat dataset (JSONL or Hugging Face datasets)"
+        "export",
+        help="write solver (expert) or random valid-action episodes as a chat dataset (JSONL or Hugging Face "
+        "datasets)",
     )
     export.add_argument("--env", default=None, help="short name (Sokoban, FrozenLake, ...) or full id")
     export.add_argument(
@@ -375,6 +389,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--num_episodes", type=int, default=100, help="seeds to play: --seed, --seed + 1, ..."
     )
     export.add_argument("--seed", type=int, default=0, help="first seed")
+    export.add_argument(
+        "--policy",
+        choices=("expert", "random"),
+        default="expert",
+        help="who plays: the solver (expert; unsolved seeds are skipped) or the random valid-action policy "
+        "(the answer format without a policy; every episode kept)",
+    )
+    export.add_argument(
+        "--expert_fraction",
+        type=float,
+        default=None,
+        help="mix: this share of the seeds played by the solver, the rest by the random valid-action policy",
+    )
     export.add_argument(
         "--format", choices=("jsonl", "hf"), default="jsonl", help="JSONL or datasets.save_to_disk"
     )

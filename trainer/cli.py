@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # an output folder under a file, a full disk, ...
         return _error(_os_error(e), EXIT_RUNTIME)
     try:
+        if config.warm_start:  # supervised fine-tuning first, then this run from its model
+            from llm_gym.trainer.warm_start import run_with_warm_start
+
+            return run_with_warm_start(run, config, meta, log=log)
         return run(config, meta)
     except Exception as e:
         from llm_gym.agent.templates import ChatTemplateError

@@ -1,0 +1,93 @@
+"""llmgym-train --warm_start: SFT on trajectories first, then RL from its model, with base / warm start / RL
+evaluations on the same seeds beside the baselines; evaluation seeds in the data are refused before any model
+loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+from llm_gym.trainer.cli import main, resolve_config  # noqa: E402
+
+from llm_gym.agent.export import export_episodes, write_jsonl  # noqa: E402
+
+FL = ["--env", "CoordFrozenLake", "--env_kwargs", '{"success_rate": 1.0, "size": 3}', "--max_turns", "2",
+      "--max_actions_per_turn", "1", "--max_actions", "2", "--max_new_tokens", "8"]  # fmt: skip
+QUIET = ["--report_to", "none", "--disable_tqdm", "True", "--mi_every", "0", "--num_prompts", "2",
+         "--num_generations", "2"]  # fmt: skip
+
+
+def test_warm_start_fields_are_validated():
+    config, _ = resolve_config(
+        [*FL, "--warm_start", "expert", "--warm_start_expert_fraction", "0.5"], gpu=False
+    )
+    assert config.warm_start_fraction == 0.5
+    config, _ = resolve_config([*FL, "--warm_start", "random"], gpu=False)
+    assert config.warm_start_fraction == 0.0
+    config, _ = resolve_config([*FL, "--warm_start", "/some/data.jsonl"], gpu=False)
+    assert config.warm_start_fraction is None
+    for bad, match in (
+        (["--warm_start", "random", "--warm_start_expert_fraction", "0.5"], "needs --warm_start expert"),
+        (["--warm_start", "expert", "--warm_start_expert_fraction", "2"], r"in \[0, 1\]"),
+        (
+            ["--warm_start", "expert", "--warm_start_batch_size", "6", "--warm_start_micro_batch_size", "4"],
+            "divisor",
+        ),
+        (["--warm_start", "expert", "--warm_start_learning_rate", "0"], "> 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            resolve_config([*FL, *bad], gpu=False)
+
+
+def test_warm_start_then_rl_reports_three_evaluations(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [*FL, *QUIET, "--model", tiny_dir, "--max_steps", "1", "--output_dir", str(out), "--num_eval_seeds", "3",
+            "--warm_start", "expert", "--warm_start_expert_fraction", "0.5", "--warm_start_episodes", "4",
+            "--warm_start_max_steps", "2", "--warm_start_batch_size", "2", "--warm_start_micro_batch_size", "2",
+            "--warm_start_learning_rate", "1e-2"]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for label in ("base model", "warm start", "after RL"):
+        assert f"llmgym-train: {label:<10} (3 seeds): success" in text
+    assert "baselines on the same seeds and limits: random valid" in text and "best constant (always" in text
+    report = json.loads((out / "eval_report.json").read_text())
+    ws = report["warm_start"]
+    assert (
+        ws["base"]["success"]["n"] == ws["warm_start"]["success"]["n"] == ws["after_rl"]["success"]["n"] == 3
+    )
+    assert ws["sft"]["steps"] == 2 and ws["sft"]["data"]["policies"] == {"expert": 2, "random-valid": 2}
+    assert set(report["constant_actions"]) == {"Left", "Down", "Right", "Up"}
+    # the data: the run's env, its own chat, seeds away from the evaluation seeds
+    rows = [json.loads(line) for line in (out / "warm_start" / "data.jsonl").read_text().splitlines()]
+    assert {r["seed"] for r in rows} <= set(range(50_000, 50_004)) and {r["env_id"] for r in rows} == {
+        "llmgym/CoordFrozenLake-v0"
+    }
+    # RL started from the warm start's model, and the RL model is what final/ holds
+    run = json.loads((out / "llmgym_run.json").read_text())
+    assert run["env"] == "llmgym/CoordFrozenLake-v0"
+    assert (out / "warm_start" / "final" / "model.safetensors").is_file() and (out / "final").is_dir()
+    sft_run = json.loads((out / "warm_start" / "final" / "llmgym_run.json").read_text())
+    assert sft_run["one_shot_example"] == run["one_shot_example"]
+
+
+def test_warm_start_data_on_evaluation_seeds_is_refused_before_loading(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    kwargs = {"success_rate": 1.0, "size": 3, "max_turns": 2, "max_actions_per_turn": 1, "max_actions": 2}
+    rows = export_episodes(
+        "llmgym/CoordFrozenLake-v0", range(120, 126), env_kwargs=kwargs, expert_fraction=0.0
+    ).rows
+    write_jsonl(rows, data)
+    out = tmp_path / "run"
+    argv = [*FL, *QUIET, "--model", tiny_dir, "--max_steps", "1", "--output_dir", str(out), "--num_eval_seeds", "3",
+            "--warm_start", str(data)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "evaluation seeds (123, 124, 125" in err and not (out / "warm_start").exists()
+    other = tmp_path / "bandit.jsonl"
+    write_jsonl(export_episodes("llmgym/Bandit-v0", range(300, 302)).rows, other)
+    argv[argv.index(str(data))] = str(other)
+    assert main([*argv, "--overwrite_output_dir"]) == 2
+    assert "warm-start data is for llmgym/Bandit-v0" in capsys.readouterr().err

@@ -1,0 +1,514 @@
+"""``llmgym-sft``: supervised fine-tuning on exported episodes, the warm start before RL.
+
+The data is ``llmgym export`` output (a JSONL file of chat rows or a ``datasets`` folder): each row one episode
+(``messages``: system, then user / assistant turns) played by the solver or the random valid-action policy. TRL's
+``SFTTrainer`` trains on it with the loss on the episode's own assistant turns only.
+
+**The loss mask.** TRL's ``assistant_only_loss`` needs ``{% generation %}`` markers in the chat template, and
+SmolLM2's template (like most) has none; TRL 1.16 ships no training variant for it. So the rows are tokenised
+here, by the same token-exact construction as the RL rollouts (:class:`~llm_gym.trainer.rollouts.
+ChatTemplateTokens`): the prompt is the chat up to the first trained reply rendered with the generation prompt;
+each reply is its own tokens plus the template's end-of-turn token (loss on both, so the model learns to stop);
+the tokens between two replies are the difference of the template rendered with and without the next turn (no
+loss). The result is exactly the token sequence an RL rollout produces when the model samples those replies,
+with ``assistant_masks`` equal to the rollout's ``env_mask``; TRL turns the mask into labels (``-100`` elsewhere).
+Demonstration turns (``one_shot``) before the episode are prompt, never trained: the row's ``num_turns`` last
+assistant messages are the episode's.
+
+**Seeds.** Every row names the seed it was played on; rows whose seed lies in the evaluation seeds
+(``--eval_seed``, ``--num_eval_seeds``) are refused, so a warm start never sees the boards it is judged on.
+
+**Output** (as ``llmgym-train``): ``output_dir/final`` holds the model (or the LoRA adapter with ``--use_peft``)
+and the tokenizer, and ``llmgym_run.json`` with the environment and chat settings of the data, so ``final`` is a
+valid ``--model`` for ``llmgym-train`` and ``llmgym-eval`` (which shows the model the chat it was trained on);
+``llmgym_sft.json`` records the data (seeds, policies, tokens), the settings and the speed.
+
+Weights stay in float32; ``--bf16 True`` computes in bf16 autocast (the default on a GPU; opt-in on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+
+#: Most rows read from one data set (a warm start uses hundreds).
+MAX_ROWS = 1_000_000
+#: Most characters of message content in one row.
+MAX_ROW_CHARS = 2_000_000
+#: Written into output_dir and output_dir/final: the data, settings and speed of the run.
+SFT_FILE = "llmgym_sft.json"
+_ROLES = ("system", "user", "assistant")
+
+
+class DataError(ValueError):
+    """Training data that cannot be used; the message names the row and what is wrong."""
+
+
+# ------------------------------------------------------------------------------------------------------ data
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            from datasets import load_from_disk
+
+            data = load_from_disk(str(p))
+        except Exception as e:  # noqa: BLE001 - any unreadable folder gets the same one-line explanation
+            raise DataError(f"{p}: not a datasets folder written by save_to_disk ({e})") from None
+        if len(data) > MAX_ROWS:
+            raise DataError(f"{p}: {len(data)} rows, more than the {MAX_ROWS} a warm start reads")
+        rows = [dict(r) for r in data]
+    elif p.is_file():
+        from llm_gym.agent.export import read_jsonl
+
+        rows = []
+        for row in read_jsonl(p):  # bounded lines; a bad line is a ValueError naming it
+            rows.append(row)
+            if len(rows) > MAX_ROWS:
+                raise DataError(f"{p}: more than {MAX_ROWS} rows")
+    else:
+        raise DataError(f"data {str(path)!r} not found (a JSONL file or a datasets folder)")
+    if not rows:
+        raise DataError(f"{p}: no rows")
+    return rows
+
+
+def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], int]:
+    """The row's messages (validated: an optional system message, then user/assistant turns alternating, ending
+    with an assistant message once trailing messages are dropped) and how many of its last assistant messages
+    are trained (the row's ``num_turns``, else all). Raises :class:`DataError` naming the row."""
+    where = f"row {index}"
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: a row must be a JSON object")
+    messages = row.get("messages")
+    from llm_gym.agent.export import MAX_ROW_MESSAGES
+
+    if not isinstance(messages, list) or not 0 < len(messages) <= MAX_ROW_MESSAGES:
+        raise DataError(f"{where}: 'messages' must be a list of 1 to {MAX_ROW_MESSAGES} chat messages")
+    out, chars = [], 0
+    for m in messages:
+        if not isinstance(m, Mapping) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: every message needs a role ({', '.join(_ROLES)}) and a string content")
+        chars += len(m["content"])
+        out.append({"role": m["role"], "content": m["content"]})
+    if chars > MAX_ROW_CHARS:
+        raise DataError(f"{where}: {chars} characters of content, more than {MAX_ROW_CHARS}")
+    while out and out[-1]["role"] != "assistant":  # a truncated episode ends before its next state's reply
+        out.pop()
+    body = out[1:] if out and out[0]["role"] == "system" else out
+    if not body or any(m["role"] != ("user", "assistant")[i % 2] for i, m in enumerate(body)):
+        raise DataError(
+            f"{where}: after an optional system message, user and assistant messages must alternate, starting "
+            "with a user message and ending with an assistant message"
+        )
+    replies = len(body) // 2
+    trained = row.get("num_turns", replies)
+    if isinstance(trained, bool) or not isinstance(trained, int) or not 1 <= trained <= replies:
+        raise DataError(f"{where}: num_turns must be an integer from 1 to its {replies} assistant message(s)")
+    return out, trained
+
+
+def data_seeds(rows: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The seeds the rows were played on (rows without an integer ``seed`` are left out)."""
+    return sorted(
+        {r["seed"] for r in rows if isinstance(r.get("seed"), int) and not isinstance(r.get("seed"), bool)}
+    )
+
+
+def check_seeds(rows: Sequence[Mapping[str, Any]], eval_seeds: Sequence[int] | range) -> None:
+    """Refuse data played on an evaluation seed (:class:`DataError` with how many and which), and data whose rows
+    carry no seed when there are evaluation seeds to protect."""
+    if not len(eval_seeds):
+        return
+    missing = sum(not isinstance(r.get("seed"), int) or isinstance(r.get("seed"), bool) for r in rows)
+    if missing:
+        raise DataError(
+            f"{missing} row(s) carry no integer 'seed', so their overlap with the evaluation seeds cannot be "
+            "checked; export the data with llmgym export (or pass --num_eval_seeds 0 to train without the check)"
+        )
+    lo, hi = min(eval_seeds), max(eval_seeds)
+    wanted = set(eval_seeds)
+    overlap = sorted(s for s in data_seeds(rows) if lo <= s <= hi and s in wanted)
+    if overlap:
+        shown = ", ".join(map(str, overlap[:5])) + (", ..." if len(overlap) > 5 else "")
+        raise DataError(
+            f"{len(overlap)} data seed(s) are evaluation seeds ({shown}; evaluation seeds {lo}..{hi}): training on "
+            "the boards the model is judged on; export the data from other seeds"
+        )
+
+
+def _one(values: set[Any]) -> Any:
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the rows share: ``env`` and ``env_kwargs`` (None unless every row names the same), the ``chat``
+    settings they were rendered with (config names; :class:`DataError` when rows differ, since one model cannot
+    be shown two chats), the policies and seeds."""
+    from llm_gym.agent.chat import CHAT_SETTINGS
+
+    chats = {r.get("chat") for r in rows}
+    if len(chats) > 1:
+        raise DataError(
+            "the rows were rendered with different chat settings ('chat'); train on one chat format at a time"
+        )
+    chat: dict[str, Any] = {}
+    text = _one(chats)
+    if isinstance(text, str):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            raise DataError("the rows' 'chat' is not a JSON object") from None
+        if not isinstance(parsed, dict):
+            raise DataError("the rows' 'chat' is not a JSON object")
+        chat = {k: v for k, v in parsed.items() if k in CHAT_SETTINGS}
+    env, kwargs_text = _one({r.get("env_id") for r in rows}), _one({r.get("env_kwargs") for r in rows})
+    try:
+        env_kwargs = json.loads(kwargs_text) if isinstance(kwargs_text, str) else None
+    except ValueError:
+        env_kwargs = None
+    seeds = data_seeds(rows)
+    return {
+        "env": env if isinstance(env, str) else None,
+        "env_kwargs": env_kwargs if isinstance(env_kwargs, dict) else None,
+        "chat": chat,
+        "rows": len(rows),
+        "policies": dict(Counter(str(r.get("policy", r.get("expert", "unknown"))) for r in rows)),
+        "seeds": [seeds[0], seeds[-1]] if seeds else None,
+        "num_seeds": len(seeds),
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _prefix(env_id: Any, env_kwargs_text: Any, chat_text: Any) -> str:
+    """The generation prefix of the rows' chat (RAGEN style: ``<think>``, or ``<answer>`` for an env that does
+    not think): prompt tokens before each reply, never trained. Empty for the llmgym style."""
+    from llm_gym.agent.chat import chat_format_from_settings
+
+    try:
+        chat = json.loads(chat_text) if isinstance(chat_text, str) else {}
+    except ValueError:
+        chat = {}
+    if not isinstance(chat, dict) or chat.get("chat_style") != "ragen":
+        return ""
+    fmt = chat_format_from_settings({k: v for k, v in chat.items() if k == "chat_style"})
+    from llm_gym.registration import check_trusted_env_id, make_env
+
+    try:
+        check_trusted_env_id(env_id, "the row")
+        kwargs = json.loads(env_kwargs_text) if isinstance(env_kwargs_text, str) else {}
+        env = make_env(env_id, kwargs if isinstance(kwargs, dict) else {})
+    except ValueError as e:
+        raise DataError(f"rows in the RAGEN chat style need a usable env_id and env_kwargs: {e}") from None
+    try:
+        think = bool(getattr(env.unwrapped, "think", True))
+    finally:
+        env.close()
+    prefix = fmt.generation_prefix
+    return "<answer>" if prefix == "<think>" and not think else prefix
+
+
+def tokenize_conversation(
+    template: Any, messages: Sequence[Mapping[str, str]], trained_turns: int | None = None, prefix: str = ""
+) -> dict[str, list[int]]:
+    """``input_ids`` and ``assistant_masks`` of one episode, as an RL rollout builds them (module docstring).
+
+    ``template`` is a :class:`~llm_gym.trainer.rollouts.ChatTemplateTokens`; ``messages`` as
+    :func:`row_conversation` returns them; the last ``trained_turns`` assistant messages (default all) carry the
+    loss, earlier ones (a demonstration) are prompt. ``prefix``: the generation prefix every reply starts with
+    (RAGEN style), prompt tokens like the rollout's."""
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not replies:
+        raise DataError("no assistant message to train on")
+    k = len(replies) if trained_turns is None else int(trained_turns)
+    if not 1 <= k <= len(replies):
+        raise DataError(f"trained_turns must be in 1..{len(replies)}, got {trained_turns!r}")
+    trained = replies[len(replies) - k :]
+    prefix_ids = template.encode(prefix) if prefix else []
+    ids = template.prompt_ids(list(messages[: trained[0]])) + prefix_ids
+    mask = [0] * len(ids)
+    for j, i in enumerate(trained):
+        reply = messages[i]["content"]
+        if prefix:
+            if not reply.startswith(prefix):
+                raise DataError(
+                    f"an assistant message does not start with the chat's generation prefix {prefix!r}"
+                )
+            reply = reply[len(prefix) :]
+        turn = template.encode(reply) + [template.end_of_turn_id]
+        ids += turn
+        mask += [1] * len(turn)
+        if j + 1 < len(trained):
+            following = messages[i + 1 : trained[j + 1]]
+            if len(following) != 1 or following[0]["role"] != "user":
+                raise DataError("each trained reply must be followed by exactly one user message")
+            between = (
+                template.between_turns_ids(list(messages[: i + 1]), following[0]["content"]) + prefix_ids
+            )
+            ids += between
+            mask += [0] * len(between)
+    return {"input_ids": ids, "assistant_masks": mask}
+
+
+def build_dataset(
+    rows: Sequence[Mapping[str, Any]], template: Any, max_length: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """A ``datasets.Dataset`` of ``input_ids`` / ``assistant_masks`` (one row per episode) and its statistics
+    (rows kept and dropped for ``max_length``, tokens, trained tokens)."""
+    from datasets import Dataset
+
+    ids, masks, dropped, lengths = [], [], 0, []
+    for n, row in enumerate(rows):
+        messages, trained = row_conversation(row, n)
+        prefix = _prefix(row.get("env_id"), row.get("env_kwargs"), row.get("chat"))
+        try:
+            ex = tokenize_conversation(template, messages, trained, prefix)
+        except DataError as e:
+            raise DataError(f"row {n}: {e}") from None
+        if max_length is not None and len(ex["input_ids"]) > max_length:
+            dropped += 1
+            continue
+        ids.append(ex["input_ids"])
+        masks.append(ex["assistant_masks"])
+        lengths.append(len(ex["input_ids"]))
+    if not ids:
+        raise DataError(f"every row is longer than max_length={max_length} tokens")
+    trained_tokens = sum(sum(m) for m in masks)
+    stats = {
+        "rows": len(ids),
+        "dropped_too_long": dropped,
+        "tokens": sum(lengths),
+        "trained_tokens": trained_tokens,
+        "mean_tokens": sum(lengths) / len(lengths),
+        "max_tokens": max(lengths),
+    }
+    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}), stats
+
+
+# ------------------------------------------------------------------------------------------------------ training
+class _RunSettings:
+    """What :func:`llm_gym.trainer.output.write_run_file` reads, from the data's shared settings."""
+
+    def __init__(self, settings: Mapping[str, Any]):
+        from llm_gym.agent.chat import ChatFormat, chat_settings
+
+        self.env = settings.get("env")
+        self._env_kwargs = settings.get("env_kwargs") or {}
+        for name, value in {**chat_settings(ChatFormat()), **settings.get("chat", {})}.items():
+            setattr(self, name, value)
+
+    def make_env_kwargs(self) -> dict[str, Any]:
+        return dict(self._env_kwargs)
+
+
+def train_sft(
+    config: Any,
+    model_name: str,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    merge_lora: bool = False,
+    callbacks: Sequence[Any] = (),
+    log: Any = print,
+) -> dict[str, Any]:
+    """Fine-tune ``model_name`` on ``rows`` with ``config`` (an ``LLMGymSFTConfig``); save ``output_dir/final``
+    with its ``llmgym_run.json`` and ``llmgym_sft.json``; return the summary written there. ``merge_lora``: with
+    ``use_peft``, save the base model with the adapter merged in (a full model, which ``llmgym-train --use_peft``
+    can put a new adapter on) instead of the adapter. ``callbacks``: extra ``TrainerCallback`` objects (e.g. an
+    evaluation at given steps)."""
+    from llm_gym.trainer.chat_templates import training_template_tokens
+    from llm_gym.trainer.lora import peft_config
+    from llm_gym.trainer.models import load_model_and_tokenizer
+    from llm_gym.trainer.output import write_run_file
+    from trl import SFTTrainer
+
+    from llm_gym.safe_io import atomic_write_text
+
+    settings = data_settings(rows)
+    check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
+    model, tokenizer = load_model_and_tokenizer(model_name, dtype="float32", adapter_trainable=True)
+    # The rollouts' template (TRL's training variant when the model's own rewrites history): SFT sequences are
+    # then token for token what RL trains on.
+    template = training_template_tokens(tokenizer, log=log)
+    dataset, stats = build_dataset(rows, template, config.max_length)
+    log(
+        f"llmgym-sft: {stats['rows']} episodes ({', '.join(f'{n} {p}' for p, n in settings['policies'].items())}), "
+        f"{stats['tokens']} tokens ({stats['trained_tokens']} trained, mean {stats['mean_tokens']:.0f} per "
+        f"episode), seeds {settings['seeds']}"
+        + (
+            f"; dropped {stats['dropped_too_long']} longer than {config.max_length}"
+            if stats["dropped_too_long"]
+            else ""
+        )
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config(config),
+        callbacks=list(callbacks) or None,
+    )
+    t0 = time.perf_counter()
+    result = trainer.train()
+    wall = time.perf_counter() - t0
+    final = Path(config.output_dir) / "final"
+    main_process = trainer.is_world_process_zero()
+    if merge_lora and getattr(config, "use_peft", False):
+        if main_process:
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            merged.save_pretrained(str(final))
+            tokenizer.save_pretrained(str(final))
+    else:
+        trainer.save_model(str(final))
+    history = trainer.state.log_history
+    losses = [h["loss"] for h in history if "loss" in h]
+    tokens = next((h["num_tokens"] for h in reversed(history) if "num_tokens" in h), None)
+    steps = int(trainer.state.global_step)
+    summary = {
+        "data": {**settings, **stats, "path": str(config.data) if config.data else None},
+        "eval_seeds_checked": [config.eval_seed, config.eval_seed + config.num_eval_seeds - 1]
+        if config.num_eval_seeds
+        else None,
+        "model": str(model_name),
+        "settings": {
+            "learning_rate": config.learning_rate,
+            "max_steps": config.max_steps,
+            "num_train_epochs": config.num_train_epochs,
+            "per_device_train_batch_size": config.per_device_train_batch_size,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "bf16": bool(config.bf16),
+            "gradient_checkpointing": bool(config.gradient_checkpointing),
+            "use_peft": bool(getattr(config, "use_peft", False)),
+            "merged_lora": bool(merge_lora and getattr(config, "use_peft", False)),
+            "seed": config.seed,
+        },
+        "steps": steps,
+        "train_seconds": round(wall, 1),
+        "steps_per_second": steps / wall if wall > 0 else None,
+        "tokens_per_second": float(tokens) / wall if tokens and wall > 0 else None,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "train_loss": result.training_loss,
+        "loss_curve": [[h["step"], h["loss"]] for h in history if "loss" in h],
+    }
+    if main_process:
+        run_settings = _RunSettings(settings)
+        for folder in (Path(config.output_dir), final):
+            write_run_file(folder, run_settings)
+            atomic_write_text(folder / SFT_FILE, json.dumps(summary, indent=1) + "\n")
+    speed = summary["tokens_per_second"]
+    log(
+        f"llmgym-sft: {steps} steps in {wall:.0f}s ({steps / wall if wall else 0:.3f} steps/s"
+        + (f", {speed:.0f} tokens/s" if speed else "")
+        + f"); loss {summary['loss_first']} -> {summary['loss_last']}; model {final}"
+    )
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+def build_parser() -> Any:
+    from llm_gym.trainer.config import LLMGymSFTConfig
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(
+        LLMGymSFTConfig,
+        prog="llmgym-sft",
+        description="Supervised fine-tuning (the warm start before RL) on llmgym export output, with the loss on "
+        "the episodes' assistant turns only. output_dir/final is a valid --model for llmgym-train and llmgym-eval.",
+        epilog=EXIT_CODES_HELP,
+    )
+    group = parser.add_argument_group("llmgym-sft")
+    group.add_argument(
+        "--model",
+        default="smollm2",
+        help="Hub id, local folder, or 'smollm2' (offline SmolLM2-135M; default).",
+    )
+    group.add_argument(
+        "--merge_lora",
+        action="store_true",
+        help="With --use_peft: save the model with the adapter merged in instead of the adapter.",
+    )
+    group.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Start afresh in a non-empty output_dir (its final model and run files are removed first).",
+    )
+    return snake_case_options(parser)
+
+
+#: What ``--overwrite_output_dir`` removes (other files stay).
+_OUTPUTS = ("final", SFT_FILE, "llmgym_run.json", "README.md")
+
+
+def prepare_output_dir(output_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse a non-empty output folder unless ``overwrite`` (then remove its SFT output and checkpoints)."""
+    from llm_gym.safe_io import LOCK_FILE
+
+    out = Path(output_dir)
+    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    if entries and not overwrite:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ValueError(
+            f"output folder {out} is not empty ({shown}); pass --overwrite_output_dir to replace it"
+        )
+    for name in entries:
+        p = out / name
+        if name in _OUTPUTS or (p.is_dir() and name.startswith("checkpoint-")):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def cpu_arguments(argv: Sequence[str], gpu: bool) -> list[str]:
+    """Without a GPU: ``--use_cpu True`` and float32 compute (``--bf16 False``) unless given."""
+    if gpu:
+        return []
+    given = {a.split("=", 1)[0].lstrip("-").replace("-", "_") for a in argv if a.startswith("--")}
+    extra = [] if "use_cpu" in given else ["--use_cpu", "True"]
+    return extra + ([] if "bf16" in given else ["--bf16", "False"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``llmgym-sft``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if "-h" in argv or "--help" in argv:
+        build_parser().print_help()
+        return EXIT_OK
+    from llm_gym.trainer.cli import has_gpu
+    from llm_gym.trainer.models import ModelError, check_model
+
+    from llm_gym.safe_io import OutputLock, OutputLockedError
+
+    lock = None
+    try:
+        config, opts = build_parser().parse_args_into_dataclasses([*argv, *cpu_arguments(argv, has_gpu())])
+        check_model(opts.model)
+        rows = load_rows(config.data)
+        data_settings(rows)  # rows that cannot share one chat fail before the model loads
+        check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
+        lock = OutputLock(config.output_dir, "SFT run").acquire()
+        prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
+        train_sft(config, opts.model, rows, merge_lora=opts.merge_lora)
+    except (DataError, ModelError, OutputLockedError, ValueError) as e:
+        print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_RUNTIME
+    finally:
+        if lock is not None:
+            lock.release()
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
