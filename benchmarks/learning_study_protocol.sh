@@ -1,68 +1,62 @@
 #!/usr/bin/env bash
-# The learning study as docs/learning-study.md reports it: learning-rate pilots on pilot seeds, then no filter
-# vs the SNR filter, 2 training seeds, 128 held-out seeds, on FrozenLake (6 steps) and Bandit (10 steps); two
-# lanes in parallel (one torch thread each, for a 2-core machine), merged into docs/data and docs/img at the end.
+# The learning study, version 2, as docs/learning-study.md reports it: warm-start pilots on pilot seeds, then
+# (a) random-valid warm start -> RL, (b) partial expert warm start -> RL beside the warm start alone, (c) the SNR
+# filter against none on the partial recipe; 2 training seeds, 128 held-out seeds, FrozenLake and Bandit; two lanes
+# in parallel (one torch thread each, for a 2-core machine), merged and published into docs/ at the end.
 #
-#   bash benchmarks/learning_study_protocol.sh [OUT_DIR]        # about 80 min wall on 2 cores, 18 GB RAM
+#   bash benchmarks/learning_study_protocol.sh [OUT_DIR]       # resumable: rerun the same command after a crash
 #
-# The learning rate of each environment is chosen by `learning_study.py --pick-lr` (highest success on the
-# pilot seeds 5000..5031 after 4 steps); the held-out seeds 200000.. are played only after training.
+# Every part (pilot, warm start, RL run, evaluation) is saved in OUT_DIR as it finishes and skipped when the
+# command is run again. The warm-start learning rate and steps of each environment are chosen by
+# `learning_study.py --pick-sft` (highest success on the pilot seeds 5000..5031); the held-out seeds 200000.. are
+# played only after training. Extra llmgym-train flags for every RL run (e.g. the shared-prefix loss pass):
+# TRAIN_ARGS="--flag value" bash benchmarks/learning_study_protocol.sh OUT_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/learning_study}
-if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
-  echo "learning_study_protocol: $OUT is not empty; give a new folder" >&2
-  exit 2
-fi
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MPLBACKEND=Agg
 # the project's venv (scripts/setup.sh) unless PYTHON names another interpreter
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 PY=${PYTHON:-python}
 LS=(benchmarks/learning_study.py)
-BASE=(--num-prompts 4 --num-generations 4 --bf16)
-# FrozenLake rounds are accumulated in micro-batches of 4 rollouts in the study (a micro-batch of 8 peaks at
-# 14 GB resident, and the two lanes train FrozenLake at the same time); the pilots keep 8 (one at a time).
-declare -A STUDY_MB=([FrozenLake]=4 [Bandit]=8)
+# compact prompts and no demonstration: the warm start teaches the format (docs/learning-study.md)
+CHAT=(--demonstration none --no-instructions)
+BASE=(--bf16 --num-prompts 4 --num-generations 4 --learning-rate 1e-5 "${CHAT[@]}" --train-args "${TRAIN_ARGS:-}")
+declare -A STEPS=([FrozenLake]=6 [Bandit]=10)  # RL steps
+declare -A MB=([FrozenLake]=4 [Bandit]=8)      # RL micro-batch (rollouts per forward/backward)
 
-pilot() { # ENV LR...: one no-filter run per learning rate, 4 steps, training seed 7, pilot seeds 5000..5031
-  local env=$1 skip=() files=()
-  shift
-  for lr in "$@"; do
-    local d=$OUT/pilot_${env}_$lr
-    "$PY" "${LS[@]}" --envs "$env" --conditions no_filter --train-seeds 7 --max-steps 4 "${BASE[@]}" \
-      --micro-batch 8 --learning-rate "$lr" --eval-seed 5000 --num-eval-seeds 32 "${skip[@]}" \
-      --out-dir "$d" --png "$d/curve.png" --work-dir "$d/runs" >"$d.log" 2>&1 || return 1
-    skip=(--skip-untrained)
-    files+=("$d/learning_study.json")
-  done
-  "$PY" "${LS[@]}" --pick-lr "${files[@]}" >"$OUT/pick_$env.txt" || return 1
-  tail -n 1 "$OUT/pick_$env.txt" >"$OUT/lr_$env.tmp" && mv "$OUT/lr_$env.tmp" "$OUT/lr_$env.txt"
+pilot() { # ENV: warm-start learnability of the expert recipe at two rates, evaluated on 32 pilot seeds
+  local env=$1 d=$OUT/pilot_$1
+  [ -s "$OUT/ws_$env.txt" ] && return 0
+  "$PY" "${LS[@]}" --pilot-sft --envs "$env" --pilot-recipe expert --ws-lrs 1e-4 3e-4 --sft-eval-steps 20 40 60 \
+    --eval-seed 5000 --num-eval-seeds 32 --bf16 "${CHAT[@]}" --work-dir "$d" >"$d.log" 2>&1 || return 1
+  "$PY" "${LS[@]}" --pick-sft "$d/out/sft_pilot_$env.json" >"$OUT/pick_$env.txt" || return 1
+  tail -n 1 "$OUT/pick_$env.txt" >"$OUT/ws_$env.tmp" && mv "$OUT/ws_$env.tmp" "$OUT/ws_$env.txt"
 }
 
-study() { # ENV SEED STEPS [--skip-untrained]: both conditions, 128 held-out seeds
-  local env=$1 seed=$2 steps=$3
-  shift 3
-  while [ ! -s "$OUT/lr_$env.txt" ]; do # the other lane may still be piloting
+study() { # ENV SEED [--skip-untrained]: every default run of one training seed, 128 held-out seeds
+  local env=$1 seed=$2
+  shift 2
+  while [ ! -s "$OUT/ws_$env.txt" ]; do # the other lane may still be piloting
     [ -e "$OUT/failed" ] && return 1
     sleep 20
   done
-  local d=$OUT/${env}_seed$seed
-  "$PY" "${LS[@]}" --envs "$env" --train-seeds "$seed" --max-steps "$steps" "${BASE[@]}" \
-    --micro-batch "${STUDY_MB[$env]}" --learning-rate "$(cat "$OUT/lr_$env.txt")" --num-eval-seeds 128 "$@" \
-    --out-dir "$d" --png "$d/curve.png" --work-dir "$d/runs" >"$d.log" 2>&1
+  read -r lr steps <"$OUT/ws_$env.txt"
+  "$PY" "${LS[@]}" --envs "$env" --train-seeds "$seed" --max-steps "${STEPS[$env]}" --micro-batch "${MB[$env]}" \
+    --ws-lr "$lr" --ws-steps "$steps" "${BASE[@]}" --num-eval-seeds 128 --work-dir "$OUT/work" \
+    --out-dir "$OUT/${env}_seed$seed" "$@" >>"$OUT/${env}_seed$seed.log" 2>&1
 }
 
+rm -f "$OUT/failed"
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 # The untrained model is evaluated once per environment; the two lanes take about the same time. (Commands in a
 # && list do not stop on errors under `set -e`: the functions return 1 themselves.)
-(pilot FrozenLake 1e-5 5e-5 && study FrozenLake 0 6) || { touch "$OUT/failed"; exit 1; } &
+(pilot FrozenLake && study FrozenLake 0 && study Bandit 1 --skip-untrained) || { touch "$OUT/failed"; exit 1; } &
 lane_a=$!
-(
-  pilot Bandit 1e-5 5e-5 2e-4 && study Bandit 1 10 --skip-untrained && study Bandit 0 10 &&
-    study FrozenLake 1 6 --skip-untrained
-) || { touch "$OUT/failed"; exit 1; } &
+(pilot Bandit && study Bandit 0 && study FrozenLake 1 --skip-untrained) || { touch "$OUT/failed"; exit 1; } &
 lane_b=$!
 wait "$lane_a"
 wait "$lane_b"
-"$PY" "${LS[@]}" --merge "$OUT"/{FrozenLake_seed0,FrozenLake_seed1,Bandit_seed0,Bandit_seed1}/learning_study.json
+"$PY" "${LS[@]}" --merge "$OUT"/{FrozenLake_seed0,FrozenLake_seed1,Bandit_seed0,Bandit_seed1}/learning_study.json \
+  --work-dir "$OUT/work" --out-dir "$OUT/merged" --publish

@@ -22,26 +22,51 @@ def _load():
     return mod
 
 
-def test_quick_mode_writes_results_plot_and_table(tmp_path):
-    study = _load()
-    out, png, md = tmp_path / "data", tmp_path / "img" / "curve.png", tmp_path / "table.md"
-    work = tmp_path / "work"
-    res = study.main(
-        ["--quick", "--out-dir", str(out), "--png", str(png), "--md", str(md), "--work-dir", str(work)]
+def _quick(study, work, full):
+    """The quick mode: every default run on both environments (slow), or two runs on FrozenLake."""
+    if full:
+        return (
+            study.main(["--quick", "--work-dir", str(work)]),
+            list(study.DEFAULT_RUNS),
+            {"FrozenLake", "Bandit"},
+        )
+    runs = ["random:no_filter", "partial:snr_top_p_0.9"]
+    return (
+        study.main(["--quick", "--work-dir", str(work), "--envs", "FrozenLake", "--runs", *runs]),
+        runs,
+        {"FrozenLake"},
     )
+
+
+@pytest.mark.parametrize(
+    "full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["frozenlake", "full"]
+)
+def test_quick_mode_runs_warm_starts_and_rl_writes_outside_docs_and_resumes(tmp_path, monkeypatch, full):
+    study = _load()
+    docs = {p: p.stat().st_mtime_ns for p in study.PUBLISHED.values() if p.exists()}
+    work = tmp_path / "work"
+    res, runs, envs = _quick(study, work, full)
+    out = work / "out"
     saved = json.loads((out / "learning_study.json").read_text())
     assert saved["settings"]["num_eval_seeds"] == 4 and saved["settings"]["max_steps"] == 1
-    assert set(saved["envs"]) == {"FrozenLake", "Bandit"}
+    assert set(saved["envs"]) == envs
     for name, env in saved["envs"].items():
-        assert len(env["runs"]) == 2  # two conditions x one seed
-        assert {r["condition"] for r in env["runs"]} == {"no_filter", "snr_top_p_0.9"}
+        # (a) random warm start -> RL, (b) partial expert warm start -> RL, (c) its SNR-filter variant
+        assert [r["condition"] for r in env["runs"]] == runs
+        assert set(env["warm_start"]) == {"random seed 0", "partial seed 0"}
+        for ws in env["warm_start"].values():
+            assert ws["sft"]["steps"] == 1 and ws["eval"]["success"]["n"] == 4
+            assert ws["data"]["seeds"][0] >= study.WARM_START_SEED
+        assert env["warm_start"]["random seed 0"]["data"]["policies"] == {"random-valid": 4}
         u = env["untrained"]["success"]
         assert u["n"] == 4 and u["ci"][0] <= u["rate"] <= u["ci"][1]
         for r in env["runs"]:
             s = r["after"]["success"]
             assert s["n"] == 4 and s["ci"][0] <= s["rate"] <= s["ci"][1]
-            assert [p["step"] for p in r["curve"]] == [0]
-            assert r["curve"][0]["episodes"] == 4  # P x G = 2 x 2 training episodes
+            assert [p["step"] for p in r["curve"]] == [0] and r["curve"][0]["episodes"] == 4  # P x G = 2 x 2
+            assert r["warm_start"] in env["warm_start"] and r["train_episodes_per_cpu_hour"] > 0
+            assert "ws-" in r["argv"]  # RL started from the warm start's model
+            assert study.positive(env, r) in (True, False)
         # the baseline is the pure module's, on the same held-out seeds and limits
         from llm_gym.agent.baselines import baseline_success
 
@@ -61,16 +86,61 @@ def test_quick_mode_writes_results_plot_and_table(tmp_path):
         else:  # the template bar: every constant answer, on the same seeds and limits
             const = env["constant_actions"]
             assert set(const) == {"Left", "Down", "Right", "Up"} and all(c["n"] == 4 for c in const.values())
+    png = out / "learning_study.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = md.read_text()
+    text = (out / "learning_study.md").read_text()
     assert (
-        "| no_filter, seed 0, after 1 steps |" in text
+        "| partial:snr_top_p_0.9, seed 0, after 1 RL steps |" in text
+        and "| warm start partial seed 0 (1 SFT steps) |" in text
         and "| untrained |" in text
         and "random valid-action policy" in text
         and "best constant answer (always `" in text
         and "--quick" in text
     )
     assert res["wall_seconds"] > 0
+    # nothing was written into docs/
+    assert {p: p.stat().st_mtime_ns for p in study.PUBLISHED.values() if p.exists()} == docs
+    # resumable by part: a second invocation reuses every finished part (no training happens)
+    import llm_gym.trainer.cli as cli
+    import llm_gym.trainer.sft as sft
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished part ran again")
+
+    monkeypatch.setattr(cli, "main", refuse)
+    monkeypatch.setattr(sft, "train_sft", refuse)
+    again = _quick(study, work, full)[0]
+    assert again["envs"]["FrozenLake"]["runs"] == res["envs"]["FrozenLake"]["runs"]
+
+
+def test_quick_results_are_never_published():
+    study = _load()
+    with pytest.raises(SystemExit, match="never published"):
+        study.parse_args(["--quick", "--publish"])
+    a = study.parse_args(["--runs", "none:no_filter", "expert:snr_top_p_0.9", "no_filter"])
+    assert a.run_specs == [("none", "no_filter"), ("expert", "snr_top_p_0.9"), ("none", "no_filter")]
+    with pytest.raises(SystemExit, match="RECIPE:FILTER"):
+        study.parse_args(["--runs", "clever:no_filter"])
+
+
+def test_pick_sft_prefers_pilot_success_then_fewer_steps_then_the_smaller_rate(tmp_path):
+    study = _load()
+
+    def pilot(name, points, first=5000):
+        res = {"eval_seeds": [first, first + 31], "pilots": [
+            {"learning_rate": lr, "curve": [{"step": st, "success": {"rate": r}} for st, r in curve]}
+            for lr, curve in points.items()]}  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(res))
+        return str(path)
+
+    a = pilot("a", {1e-4: [(25, 0.2), (50, 0.6), (100, 0.6)], 3e-4: [(25, 0.6), (50, 0.4)]})
+    assert study.pick_sft([a])[:2] == (3e-4, 25)  # 0.6 reached first at 25 steps
+    b = pilot("b", {5e-5: [(25, 0.6)]})
+    assert study.pick_sft([a, b])[:2] == (5e-5, 25)  # full tie: the smaller rate
+    held = pilot("held", {1e-4: [(25, 0.9)]}, first=study.HELD_OUT_SEED)
+    with pytest.raises(SystemExit, match="below the held-out seeds"):
+        study.pick_sft([a, held])
 
 
 def test_held_out_seeds_never_meet_training_or_pilot_seeds():
@@ -82,6 +152,9 @@ def test_held_out_seeds_never_meet_training_or_pilot_seeds():
         train = set(range(base, base + a.max_steps * a.num_prompts))
         assert not held & train
     assert not held & set(range(5000, 5000 + 256))  # pilot evaluation seeds
+    for seed in [*a.train_seeds, 7]:  # warm-start data of the study and of the pilots (seed 7)
+        first = study.WARM_START_SEED + 1000 * seed
+        assert not held & set(range(first, first + a.ws_episodes))
 
 
 def test_merge_puts_environments_side_by_side(tmp_path):

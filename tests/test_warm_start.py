@@ -71,6 +71,11 @@ def test_warm_start_then_rl_reports_three_evaluations(tiny_dir, tmp_path, capsys
     assert (out / "warm_start" / "final" / "model.safetensors").is_file() and (out / "final").is_dir()
     sft_run = json.loads((out / "warm_start" / "final" / "llmgym_run.json").read_text())
     assert sft_run["one_shot_example"] == run["one_shot_example"]
+    from llm_gym.trainer.cli import has_gpu
+
+    if not has_gpu():  # the CPU settings' demonstration is dropped: the warm start teaches the format
+        assert run["one_shot_example"] is False and "no format demonstration" in text
+        assert all(json.loads(r["chat"])["one_shot_example"] is False for r in rows)
 
 
 def test_warm_start_data_on_evaluation_seeds_is_refused_before_loading(tiny_dir, tmp_path, capsys):

@@ -358,9 +358,10 @@ def train_sft(
         peft_config=peft_config(config),
         callbacks=list(callbacks) or None,
     )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = trainer.train()
-    wall = time.perf_counter() - t0
+    # CPU time of this process (one torch thread on CPU): the speed that contention on a shared machine does not hide
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     final = Path(config.output_dir) / "final"
     main_process = trainer.is_world_process_zero()
     if merge_lora and getattr(config, "use_peft", False):
@@ -394,8 +395,10 @@ def train_sft(
         },
         "steps": steps,
         "train_seconds": round(wall, 1),
+        "train_cpu_seconds": round(cpu, 1),
         "steps_per_second": steps / wall if wall > 0 else None,
         "tokens_per_second": float(tokens) / wall if tokens and wall > 0 else None,
+        "tokens_per_cpu_second": float(tokens) / cpu if tokens and cpu > 0 else None,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "train_loss": result.training_loss,
@@ -406,13 +409,21 @@ def train_sft(
         for folder in (Path(config.output_dir), final):
             write_run_file(folder, run_settings)
             atomic_write_text(folder / SFT_FILE, json.dumps(summary, indent=1) + "\n")
-    speed = summary["tokens_per_second"]
+    speed, cpu_speed = summary["tokens_per_second"], summary["tokens_per_cpu_second"]
     log(
         f"llmgym-sft: {steps} steps in {wall:.0f}s ({steps / wall if wall else 0:.3f} steps/s"
-        + (f", {speed:.0f} tokens/s" if speed else "")
-        + f"); loss {summary['loss_first']} -> {summary['loss_last']}; model {final}"
+        + (
+            f", {speed:.0f} tokens/s; {cpu:.0f} CPU-s, {cpu_speed:.0f} tokens per CPU-s"
+            if speed and cpu_speed
+            else ""
+        )
+        + f"); loss {_num(summary['loss_first'])} -> {_num(summary['loss_last'])}; model {final}"
     )
     return summary
+
+
+def _num(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "n/a"
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

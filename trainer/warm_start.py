@@ -167,6 +167,15 @@ def run_with_warm_start(
 
     out = Path(config.output_dir)
     folder = out / WARM_START_DIR
+    cpu_layer = dict(meta.get("layers") or ()).get("cpu settings") or {}
+    if config.one_shot_example and cpu_layer.get("one_shot_example"):
+        # The CPU settings' demonstration is for an untrained model; the warm start teaches the format, and a
+        # warm-started model answers validly without it (docs/learning-study.md).
+        from llm_gym.trainer.output import write_run_file
+
+        config.one_shot_example = False
+        write_run_file(out, config)
+        log("llmgym-train: --warm_start: no format demonstration (pass --one_shot_example True to keep one)")
     if meta.get("overwrite_output_dir") and folder.is_dir():
         shutil.rmtree(folder)
     done = (folder / "final" / SFT_FILE).is_file()
