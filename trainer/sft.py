@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym.core.checks import is_int
 
 #: Most rows read from one data set (a warm start uses hundreds).
 MAX_ROWS = 1_000_000
@@ -113,16 +114,14 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
         )
     replies = len(body) // 2
     trained = row.get("num_turns", replies)
-    if isinstance(trained, bool) or not isinstance(trained, int) or not 1 <= trained <= replies:
+    if not is_int(trained, numpy=False) or not 1 <= trained <= replies:
         raise DataError(f"{where}: num_turns must be an integer from 1 to its {replies} assistant message(s)")
     return out, trained
 
 
 def data_seeds(rows: Iterable[Mapping[str, Any]]) -> list[int]:
     """The seeds the rows were played on (rows without an integer ``seed`` are left out)."""
-    return sorted(
-        {r["seed"] for r in rows if isinstance(r.get("seed"), int) and not isinstance(r.get("seed"), bool)}
-    )
+    return sorted({r["seed"] for r in rows if is_int(r.get("seed"), numpy=False)})
 
 
 def check_seeds(rows: Sequence[Mapping[str, Any]], eval_seeds: Sequence[int] | range) -> None:
@@ -130,7 +129,7 @@ def check_seeds(rows: Sequence[Mapping[str, Any]], eval_seeds: Sequence[int] | r
     carry no seed when there are evaluation seeds to protect."""
     if not len(eval_seeds):
         return
-    missing = sum(not isinstance(r.get("seed"), int) or isinstance(r.get("seed"), bool) for r in rows)
+    missing = sum(not is_int(r.get("seed"), numpy=False) for r in rows)
     if missing:
         raise DataError(
             f"{missing} row(s) carry no integer 'seed', so their overlap with the evaluation seeds cannot be "
