@@ -298,3 +298,18 @@ def test_llmgym_sft_lora_adapter_and_merged(tiny_dir, tmp_path):
     for folder in (tmp_path / "lora" / "final", merged):  # both load as a model (adapter on its base)
         model, _ = load_model_and_tokenizer(str(folder), dtype="float32")
         assert model is not None
+
+
+def test_sft_speed_benchmark_quick_mode():
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sft_speed", root / "benchmarks" / "sft_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sft_speed"] = mod
+    spec.loader.exec_module(mod)
+    out = mod.main(["--quick"])
+    assert set(out) == {"with instructions", "compact"}
+    assert out["compact"]["tokens"] < out["with instructions"]["tokens"]
+    assert all(s > 0 for v in out.values() for s in v["cpu_seconds"].values())
