@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _offline  # noqa: E402, F401  (offline, single-threaded; before torch)
+from llm_gym.trainer.cli import has_gpu  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from llm_gym.agent.baselines import (  # noqa: E402
@@ -281,7 +282,7 @@ def warm_start_part(
         per_device_train_batch_size=a.ws_micro_batch,
         gradient_accumulation_steps=a.ws_batch // a.ws_micro_batch,
         bf16=a.bf16,
-        use_cpu=True,
+        use_cpu=not has_gpu(),
         gradient_checkpointing=a.gradient_checkpointing,
         seed=seed,
         logging_steps=max(1, a.ws_steps // 20),
@@ -629,7 +630,7 @@ def sft_pilot(
             per_device_train_batch_size=a.ws_micro_batch,
             gradient_accumulation_steps=a.ws_batch // a.ws_micro_batch,
             bf16=a.bf16,
-            use_cpu=True,
+            use_cpu=not has_gpu(),
             gradient_checkpointing=a.gradient_checkpointing,
             seed=7,
             logging_steps=1,

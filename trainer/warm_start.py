@@ -160,11 +160,20 @@ def run_with_warm_start(
 ) -> int:
     """Warm start, then ``rl_run(config, meta)`` (``llmgym-train``'s run) from the warm-started model; returns
     its exit code. Bad data is a usage error (exit 2) before any model loads."""
+    import os
+
     from llm_gym.trainer.models import ModelError
     from llm_gym.trainer.sft import SFT_FILE, DataError, train_sft
 
     from llm_gym.agent.export import write_jsonl
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print(
+            "llmgym-train: error: --warm_start runs in one process; with several, run llmgym-sft first and pass its "
+            "output_dir/final as --model",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(config.output_dir)
     folder = out / WARM_START_DIR
     cpu_layer = dict(meta.get("layers") or ()).get("cpu settings") or {}
