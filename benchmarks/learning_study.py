@@ -278,7 +278,7 @@ def warm_start_part(
         eval_seed=eval_seeds[0],
         num_eval_seeds=len(eval_seeds),
         learning_rate=a.ws_lr,
-        max_steps=a.ws_steps,
+        max_steps=a.ws_random_steps if recipe == "random" else a.ws_steps,
         per_device_train_batch_size=a.ws_micro_batch,
         gradient_accumulation_steps=a.ws_batch // a.ws_micro_batch,
         bf16=a.bf16,
@@ -732,7 +732,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ws.add_argument(
         "--ws-episodes", type=int, default=256, help="episodes of warm-start data per training seed"
     )
-    ws.add_argument("--ws-steps", type=int, default=100, help="optimizer steps of each warm start")
+    ws.add_argument(
+        "--ws-steps", type=int, default=60, help="optimizer steps of each expert or partial warm start"
+    )
+    ws.add_argument(
+        "--ws-random-steps",
+        type=int,
+        default=20,
+        help="optimizer steps of each random-valid warm start (the answer format only: learned within 10-20 steps)",
+    )
     ws.add_argument("--ws-lr", type=float, default=1e-4, help="warm-start learning rate")
     ws.add_argument("--ws-batch", type=int, default=16, help="episodes per warm-start optimizer step")
     ws.add_argument("--ws-micro-batch", type=int, default=4, help="episodes per warm-start forward/backward")
@@ -806,7 +814,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             raise SystemExit("--quick results are never published into docs/")
         a.max_steps, a.num_eval_seeds, a.train_seeds, a.env_eval_seeds = 1, 4, a.train_seeds[:1], {}
         a.num_prompts, a.num_generations = 2, 2
-        a.ws_episodes, a.ws_steps, a.ws_batch, a.ws_micro_batch = 4, 1, 2, 2
+        a.ws_episodes, a.ws_steps, a.ws_random_steps, a.ws_batch, a.ws_micro_batch = 4, 1, 1, 2, 2
         a.sft_eval_steps = [1]
     if a.max_steps < 1 or a.num_eval_seeds < 1 or a.num_prompts < 1 or a.num_generations < 2:
         raise SystemExit(
@@ -908,6 +916,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "recipes": {r: (a.partial_fraction if r == "partial" else WARM_STARTS[r]) for r in recipes},
                 "episodes": a.ws_episodes,
                 "steps": a.ws_steps,
+                "random_steps": a.ws_random_steps,
                 "learning_rate": a.ws_lr,
                 "batch": a.ws_batch,
                 "micro_batch": a.ws_micro_batch,

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The learning study, version 2, as docs/learning-study.md reports it: warm-start pilots on pilot seeds, then
-# (a) random-valid warm start -> RL, (b) partial expert warm start -> RL beside the warm start alone, (c) the SNR
-# filter against none on the partial recipe; 2 training seeds, 128 held-out seeds, FrozenLake and Bandit; two lanes
-# in parallel (one torch thread each, for a 2-core machine), merged and published into docs/ at the end.
+# The learning study, version 2, as docs/learning-study.md reports it: (a) random-valid warm start -> RL, (b) partial
+# expert warm start -> RL beside the warm start alone, (c) the SNR filter against none on the partial recipe; 2
+# training seeds, 128 held-out seeds, FrozenLake and Bandit; two lanes in parallel (one torch thread each, for a
+# 2-core machine), merged and published into docs/ at the end.
 #
 #   bash benchmarks/learning_study_protocol.sh [OUT_DIR]       # resumable: rerun the same command after a crash
 #
-# Every part (pilot, warm start, RL run, evaluation) is saved in OUT_DIR as it finishes and skipped when the
-# command is run again. The warm-start learning rate and steps of each environment are chosen by
-# `learning_study.py --pick-sft` (highest success on the pilot seeds 5000..5031); the held-out seeds 200000.. are
-# played only after training. Extra llmgym-train flags for every RL run (e.g. the shared-prefix loss pass):
-# TRAIN_ARGS="--flag value" bash benchmarks/learning_study_protocol.sh OUT_DIR
+# Every part (warm start, RL run, evaluation) is saved in OUT_DIR as it finishes and skipped when the command is
+# run again. The warm-start learning rate and steps per environment come from the pilots on pilot seeds
+# (docs/learning-study.md; WS_FrozenLake / WS_Bandit override them as "LR STEPS"); PILOTS=1 runs the pilots again
+# first (FrozenLake: about an hour of CPU) and lets `learning_study.py --pick-sft` choose. The held-out seeds
+# 200000.. are played only after training. Extra llmgym-train flags for every RL run (e.g. the shared-prefix loss
+# pass): TRAIN_ARGS="--flag value" bash benchmarks/learning_study_protocol.sh OUT_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/learning_study}
@@ -26,11 +27,21 @@ BASE=(--bf16 --num-prompts 4 --num-generations 4 --learning-rate 1e-5 "${CHAT[@]
 declare -A STEPS=([FrozenLake]=6 [Bandit]=10)  # RL steps
 declare -A MB=([FrozenLake]=4 [Bandit]=8)      # RL micro-batch (rollouts per forward/backward)
 
-pilot() { # ENV: warm-start learnability of the expert recipe at two rates, evaluated on 32 pilot seeds
+# Warm-start learning rate and steps chosen by the pilots (docs/learning-study.md), unless PILOTS=1 chooses again.
+declare -A WS=([FrozenLake]="${WS_FrozenLake:-1e-4 60}" [Bandit]="${WS_Bandit:-1e-4 10}")
+declare -A WS_BATCH=([FrozenLake]=8 [Bandit]=16)      # episodes per warm-start step
+declare -A WS_RANDOM=([FrozenLake]=20 [Bandit]=10)     # steps of the random-valid warm start (the format only)
+
+pilot() { # ENV: warm-start learnability of the expert recipe, evaluated on 32 pilot seeds after each step count
   local env=$1 d=$OUT/pilot_$1
   [ -s "$OUT/ws_$env.txt" ] && return 0
-  "$PY" "${LS[@]}" --pilot-sft --envs "$env" --pilot-recipe expert --ws-lrs 1e-4 3e-4 --sft-eval-steps 20 40 60 \
-    --eval-seed 5000 --num-eval-seeds 32 --bf16 "${CHAT[@]}" --work-dir "$d" >"$d.log" 2>&1 || return 1
+  if [ "${PILOTS:-0}" != 1 ]; then
+    echo "${WS[$env]}" >"$OUT/ws_$env.txt"
+    return 0
+  fi
+  "$PY" "${LS[@]}" --pilot-sft --envs "$env" --pilot-recipe expert --ws-lrs 1e-4 --sft-eval-steps 20 40 60 \
+    --ws-batch "${WS_BATCH[$env]}" --eval-seed 5000 --num-eval-seeds 32 --bf16 "${CHAT[@]}" --work-dir "$d" \
+    >"$d.log" 2>&1 || return 1
   "$PY" "${LS[@]}" --pick-sft "$d/out/sft_pilot_$env.json" >"$OUT/pick_$env.txt" || return 1
   tail -n 1 "$OUT/pick_$env.txt" >"$OUT/ws_$env.tmp" && mv "$OUT/ws_$env.tmp" "$OUT/ws_$env.txt"
 }
@@ -44,7 +55,9 @@ study() { # ENV SEED [--skip-untrained]: every default run of one training seed,
   done
   read -r lr steps <"$OUT/ws_$env.txt"
   "$PY" "${LS[@]}" --envs "$env" --train-seeds "$seed" --max-steps "${STEPS[$env]}" --micro-batch "${MB[$env]}" \
-    --ws-lr "$lr" --ws-steps "$steps" "${BASE[@]}" --num-eval-seeds 128 --work-dir "$OUT/work" \
+    --ws-lr "$lr" --ws-steps "$steps" --ws-random-steps "${WS_RANDOM[$env]}" --ws-batch "${WS_BATCH[$env]}" \
+    "${BASE[@]}" --num-eval-seeds 128 \
+    --work-dir "$OUT/work" \
     --out-dir "$OUT/${env}_seed$seed" "$@" >>"$OUT/${env}_seed$seed.log" 2>&1
 }
 
