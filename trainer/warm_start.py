@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -160,8 +161,6 @@ def run_with_warm_start(
 ) -> int:
     """Warm start, then ``rl_run(config, meta)`` (``llmgym-train``'s run) from the warm-started model; returns
     its exit code. Bad data is a usage error (exit 2) before any model loads."""
-    import os
-
     from llm_gym.trainer.models import ModelError
     from llm_gym.trainer.sft import SFT_FILE, DataError, train_sft
 
