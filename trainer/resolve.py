@@ -44,6 +44,9 @@ CPU_SETTINGS: dict[str, Any] = {
     "bf16": False,
     "gradient_checkpointing": True,
     "one_shot_example": True,
+    # the solver's move for the demonstration's own state: the format without a constant answer to copy
+    # (docs/learning-study.md#format-demonstrations)
+    "demonstration": "solver",
     "think": False,
     "temperature": 0.7,
     "num_prompts": 2,

@@ -13,7 +13,11 @@ format without handing the model a constant answer:
   is an invalid answer rather than a policy.
 
 Example states come from a fresh copy of the env reset at seeds from ``EXAMPLE_SEED`` on (outside the training,
-evaluation and pilot seed ranges); the search for solvable states with distinct answers is bounded.
+evaluation and pilot seed ranges); the search for solvable states with distinct answers is bounded
+(:data:`MAX_EXAMPLE_SEEDS`): fewer found are shown as found. A family without an expert (``expert_name`` unset)
+shows its own example answer for ``solver`` and ``several``, as ``action`` does. Free-answer envs have no action
+names: their ``placeholder`` is the env's example answer (Bandit's ``ArmName``; Countdown's expression over other
+numbers, well-formed and never right).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ def demonstration(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
         ]
     if kind not in ("solver", "several"):
         raise ValueError(f"no demonstration of kind {kind!r} here")
+    if not getattr(demo.unwrapped, "expert_name", None):
+        return _example_answer(demo, fmt)  # a family without an expert: its own example answer
     want = 1 if kind == "solver" else SEVERAL
     messages: list[dict[str, str]] = []
     answers: set[str] = set()
@@ -79,10 +85,18 @@ def demonstration(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
         ]
         if len(answers) == want:
             return messages
-    raise ValueError(
-        f"demonstration={kind!r}: found {len(answers)} of {want} solvable example states with distinct answers in "
-        f"seeds {EXAMPLE_SEED}..{EXAMPLE_SEED + MAX_EXAMPLE_SEEDS - 1}"
-    )
+    # fewer solvable example states with distinct answers than wanted: show those found, else the example answer
+    return messages or _example_answer(demo, fmt)
+
+
+def _example_answer(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
+    obs, _ = demo.reset(seed=EXAMPLE_SEED)
+    base = demo.unwrapped
+    answer = base.example_response() if hasattr(base, "example_response") else answer_format(demo)
+    return [
+        {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
+        {"role": "assistant", "content": answer},
+    ]
 
 
 __all__ = ["MAX_EXAMPLE_SEEDS", "PLACEHOLDER_ACTION", "SEVERAL", "demonstration"]
