@@ -51,7 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _offline  # noqa: E402, F401  (offline, single-threaded; before torch)
-from llm_gym.trainer.cli import has_gpu  # noqa: E402
+from llm_gym.trainer.resolve import has_gpu  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from llm_gym.agent.baselines import (  # noqa: E402

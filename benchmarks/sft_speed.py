@@ -64,9 +64,9 @@ def step_cpu_seconds(model: Any, ids: Any, attn: Any, labels: Any, bf16: bool, c
 
     model.train()
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     else:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     t0 = time.process_time()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss

@@ -36,6 +36,7 @@ HELP_GROUPS: dict[str, str] = {
     "MI metrics": "Mutual-information collapse metrics (RAGEN-2, Sec. 3).",
     "PPO critic": "The critic and GAE (--algo ppo only).",
     "early stops": "RAGEN's early stops (off by default).",
+    "warm start": "Supervised fine-tuning on trajectories before RL, in the same run (--warm_start).",
     "evaluation": "Evaluation on fixed seeds, before, during and after training.",
     "output": "The output folder: checkpoints, records, logs and trackers.",
     "distributed": "Devices, processes and sharding (launch several processes with accelerate or torchrun).",
@@ -332,6 +333,7 @@ def help_group_of(config_cls: type) -> dict[str, str]:
         c.PPOArguments: "PPO critic",
         c.LossArguments: "algorithm",
         c.EarlyStopArguments: "early stops",
+        c.WarmStartArguments: "warm start",
         c.LoRAArguments: "model",
     }
     groups = {f.name: "other" for f in fields(config_cls)}

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llm_gym.cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.core.checks import is_int
 
 #: Most rows read from one data set (a warm start uses hundreds).
@@ -326,15 +326,17 @@ def train_sft(
     evaluation at given steps)."""
     from llm_gym.trainer.chat_templates import training_template_tokens
     from llm_gym.trainer.lora import peft_config
-    from llm_gym.trainer.models import load_model_and_tokenizer
-    from llm_gym.trainer.output import write_run_file
+    from llm_gym.trainer.output import FINAL_DIR, FINAL_PARTIAL, write_run_file
+    from llm_gym.trainer.precision import load_for_training
+    from llm_gym.trainer.resolve import has_gpu
     from trl import SFTTrainer
 
-    from llm_gym.safe_io import atomic_write_text
+    from llm_gym.safe_io import atomic_write_text, remove_path, replace_dir
 
     settings = data_settings(rows)
     check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
-    model, tokenizer = load_model_and_tokenizer(model_name, dtype="float32", adapter_trainable=True)
+    # float32 master weights unless --dtype bfloat16 (bf16=True: autocast), decided as for llmgym-train
+    model, tokenizer, _ = load_for_training(model_name, config, gpu=has_gpu(), log=log)
     # The rollouts' template (TRL's training variant when the model's own rewrites history): SFT sequences are
     # then token for token what RL trains on.
     template = training_template_tokens(tokenizer, log=log)
@@ -349,27 +351,36 @@ def train_sft(
             else ""
         )
     )
-    trainer = SFTTrainer(
-        model=model,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config(config),
-        callbacks=list(callbacks) or None,
-    )
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = trainer.train()
+    from llm_gym.trainer.deprecations import old_checkpointing_names
+
+    with old_checkpointing_names():  # TRL's and PEFT's calls use the old names; the user cannot act on them
+        trainer = SFTTrainer(
+            model=model,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config(config),
+            callbacks=list(callbacks) or None,
+        )
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = trainer.train()
     # CPU time of this process (one torch thread on CPU): the speed that contention on a shared machine does not hide
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    final = Path(config.output_dir) / "final"
+    # final/ is whole or absent (as llmgym-train's): saved beside, completed with the run files, then renamed
+    out = Path(config.output_dir)
+    final, partial = out / FINAL_DIR, out / FINAL_PARTIAL
     main_process = trainer.is_world_process_zero()
+    if main_process and (partial.exists() or partial.is_symlink()):
+        remove_path(partial)
+    trainer.accelerator.wait_for_everyone()
     if merge_lora and getattr(config, "use_peft", False):
         if main_process:
             merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-            merged.save_pretrained(str(final))
-            tokenizer.save_pretrained(str(final))
+            merged.save_pretrained(str(partial))
+            tokenizer.save_pretrained(str(partial))
     else:
-        trainer.save_model(str(final))
+        trainer.save_model(str(partial))
+    trainer.accelerator.wait_for_everyone()
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
     tokens = next((h["num_tokens"] for h in reversed(history) if "num_tokens" in h), None)
@@ -405,9 +416,10 @@ def train_sft(
     }
     if main_process:
         run_settings = _RunSettings(settings)
-        for folder in (Path(config.output_dir), final):
+        for folder in (out, partial):
             write_run_file(folder, run_settings)
             atomic_write_text(folder / SFT_FILE, json.dumps(summary, indent=1) + "\n")
+        replace_dir(partial, final)
     speed, cpu_speed = summary["tokens_per_second"], summary["tokens_per_cpu_second"]
     log(
         f"llmgym-sft: {steps} steps in {wall:.0f}s ({steps / wall if wall else 0:.3f} steps/s"
@@ -457,7 +469,7 @@ def build_parser() -> Any:
 
 
 #: What ``--overwrite_output_dir`` removes (other files stay).
-_OUTPUTS = ("final", SFT_FILE, "llmgym_run.json", "README.md")
+_OUTPUTS = ("final", ".final.partial", SFT_FILE, "llmgym_run.json", "README.md")
 
 
 def prepare_output_dir(output_dir: str | os.PathLike, overwrite: bool) -> None:
@@ -493,8 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return EXIT_OK
-    from llm_gym.trainer.cli import has_gpu
     from llm_gym.trainer.models import ModelError, check_model
+    from llm_gym.trainer.resolve import has_gpu
 
     from llm_gym.safe_io import OutputLock, OutputLockedError
 
