@@ -52,7 +52,9 @@ from llm_gym.trainer.defaults import (
     MI_MARGINALS,
     MI_REASONING,
     MI_SCORERS,
+    SFT_LEARNING_RATE,
     TRAIN_SEED,
+    WARM_START_SEED,
 )
 from llm_gym.trainer.lora import LoRAFieldTypes, lora_arguments
 from trl import GRPOConfig, SFTConfig
@@ -724,15 +726,6 @@ class EarlyStopArguments:
 
 
 # ------------------------------------------------------------------------------------------ warm start (SFT)
-#: First seed of the warm start's data episodes: away from the training (10000..), evaluation (123..), the
-#: learning study's pilot (5000..) and held-out (200000..) seeds.
-WARM_START_SEED = 50_000
-#: Learning rate of supervised warm starts (pilots in docs/learning-study.md).
-SFT_LEARNING_RATE = 1e-4
-#: ``--warm_start`` values that build the data (anything else is a path to llmgym export output).
-WARM_START_POLICIES = ("random", "expert")
-
-
 def _check_eval_range(eval_seed: Any, num_eval_seeds: Any) -> None:
     if not _nonnegative_int(eval_seed):
         raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
@@ -978,6 +971,13 @@ class LLMGymSFTConfig(SFTConfig, ModelArguments, SFTDataArguments, LoRAArguments
         default=SFT_LEARNING_RATE,
         metadata={"help": "AdamW learning rate (pilots on SmolLM2-135M: docs/learning-study.md)."},
     )
+    logging_steps: float = field(default=5, metadata={"help": "Log every this many optimizer steps."})
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Trackers to report to (none, tensorboard, trackio, ...)."}
+    )
+    save_strategy: str = field(
+        default="no", metadata={"help": "Checkpoints during training (the final model is always saved)."}
+    )
     max_length: int | None = field(
         default=None,
         metadata={
@@ -985,13 +985,6 @@ class LLMGymSFTConfig(SFTConfig, ModelArguments, SFTDataArguments, LoRAArguments
             "episode would teach a partial game). None: no limit."
         },
     )
-    save_strategy: str = field(
-        default="no", metadata={"help": "Checkpoints during training (the final model is always saved)."}
-    )
-    report_to: None | str | list[str] = field(
-        default="none", metadata={"help": "Trackers to report to (none, tensorboard, trackio, ...)."}
-    )
-    logging_steps: float = field(default=5, metadata={"help": "Log every this many optimizer steps."})
 
     def __post_init__(self) -> None:
         self.validate_sft_data()
@@ -1022,8 +1015,6 @@ __all__ = [
     "PromptArguments",
     "RolloutArguments",
     "SFTDataArguments",
-    "SFT_LEARNING_RATE",
     "SignalArguments",
-    "WARM_START_SEED",
     "WarmStartArguments",
 ]

@@ -22,6 +22,11 @@ MAX_NEW_TOKENS = 400
 DEFAULT_PROFILE = "recommended"
 #: Episode records file name (the :mod:`llm_gym.agent.records` JSONL the viewer reads).
 EPISODES_FILE = "episodes.jsonl"
+#: First seed of the warm start's data episodes: away from the training (10000..), evaluation (123..), the
+#: learning study's pilot (5000..) and held-out (200000..) seeds.
+WARM_START_SEED = 50_000
+#: Learning rate of supervised warm starts (pilots in docs/learning-study.md).
+SFT_LEARNING_RATE = 1e-4
 
 # ------------------------------------------------------------------------------------------ choices
 # Allowed values of the config's string-valued fields (checked by the config's validation). The filter
@@ -55,5 +60,7 @@ __all__ = [
     "MI_MARGINALS",
     "MI_REASONING",
     "MI_SCORERS",
+    "SFT_LEARNING_RATE",
     "TRAIN_SEED",
+    "WARM_START_SEED",
 ]

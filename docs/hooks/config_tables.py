@@ -3,8 +3,8 @@
 A page writes, on a line of its own:
 
 - ``<!-- config-table: FilterArguments -->``: a table of that group's fields (flag, default, meaning); several
-  names may follow, a group name (``...Arguments``, or ``LLMGymGRPOConfig`` for the TRL fields whose default we
-  change) standing for all its fields and a field name for itself (``<!-- config-table: MIArguments
+  names may follow, a group name (``...Arguments``, or ``LLMGymGRPOConfig`` / ``LLMGymSFTConfig`` for the TRL
+  fields whose default we change) standing for all its fields and a field name for itself (``<!-- config-table: MIArguments
   collapse_report -->``);
 - ``<!-- config-groups -->``: every group and its fields.
 
@@ -29,6 +29,8 @@ import llm_gym.agent.chat as chat
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 TABLE = re.compile(r"^<!--\s*config-table:\s*([\w ]+?)\s*-->\s*$", flags=re.M)
 GROUPS = re.compile(r"^<!--\s*config-groups\s*-->\s*$", flags=re.M)
+#: The full configs: their own fields are TRL fields whose default we change.
+CONFIGS = ("LLMGymGRPOConfig", "LLMGymSFTConfig")
 #: Defaults longer than this are cut in the table (the system prompt); --help has them whole.
 MAX_DEFAULT = 40
 
@@ -90,7 +92,7 @@ def config_groups() -> dict[str, list[FieldDoc]]:
     out: dict[str, list[FieldDoc]] = {}
     for node in ast.parse((TRAINER / "config.py").read_text(encoding="utf-8")).body:
         if isinstance(node, ast.ClassDef) and (
-            node.name.endswith("Arguments") or node.name == "LLMGymGRPOConfig"
+            node.name.endswith("Arguments") or node.name in CONFIGS
         ):
             fields = [f for f in (_field(s, names) for s in node.body) if f is not None]
             if fields:  # SignalArguments only bundles other groups
@@ -130,7 +132,7 @@ def config_table(items: list[str]) -> str:
 def groups_table() -> str:
     lines = ["| group | fields |", "|---|---|"]
     for group, fields in config_groups().items():
-        if group != "LLMGymGRPOConfig":
+        if group not in CONFIGS:
             lines.append(f"| `{group}` | {', '.join(f'`{f.name}`' for f in fields)} |")
     return "\n".join(lines)
 
