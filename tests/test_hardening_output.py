@@ -370,7 +370,12 @@ pytest.importorskip("trl")
 
 import llm_gym.trainer.cli as train_cli  # noqa: E402
 import llm_gym.trainer.models as models  # noqa: E402
-from llm_gym.trainer.output import MARKER, checkpoint_problem, resolve_resume  # noqa: E402
+from llm_gym.trainer.output import (  # noqa: E402
+    MARKER,
+    checkpoint_problem,
+    prepare_output_dir,
+    resolve_resume,
+)
 
 from tests._tiny import tiny_train_argv  # noqa: E402
 
@@ -495,6 +500,35 @@ def test_resume_at_max_steps_trains_no_step_and_swaps_final_in_whole(trained, ti
     assert final.keys() == ckpt.keys() and all(
         torch_equal(final[k], ckpt[k]) for k in final
     )  # the trained model
+
+
+def test_resume_refuses_a_linked_model_card_and_clears_a_cut_final_swap(
+    trained, tiny_dir, tmp_path, capsys, no_model_load
+):
+    from types import SimpleNamespace
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    # TRL writes the model card with open(path, "w") at every checkpoint: a planted link had its target overwritten
+    (run / "README.md").unlink()
+    (run / "README.md").symlink_to(victim)
+    records = (run / "episodes.jsonl").read_bytes()
+    assert train_cli.main([*_train_args(tiny_dir, run), "--max_steps", "3", "--resume"]) == 1
+    assert "refusing to write through a symbolic link" in capsys.readouterr().err
+    assert (
+        victim.read_text() == "precious\n" and (run / "episodes.jsonl").read_bytes() == records
+    )  # untouched
+    # a kill between the two renames of final/'s swap leaves the old model beside it: a resume removes it
+    (run / "README.md").unlink()
+    (run / ".final.old-1-abcd").mkdir()
+    (run / ".final.old-1-abcd" / "model.safetensors").write_bytes(b"old")
+    config = SimpleNamespace(
+        output_dir=str(run), episode_records="episodes.jsonl", collapse_report="collapse.jsonl", max_steps=2
+    )
+    prepare_output_dir(config, "latest", False, log=lambda m: None)
+    assert not (run / ".final.old-1-abcd").exists() and (run / "final").is_dir()
 
 
 def torch_equal(a, b) -> bool:

@@ -54,6 +54,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 #: The final model's folder, and where it is saved first (then renamed over it: ``final/`` is whole or absent).
 FINAL_DIR = "final"
 FINAL_PARTIAL = ".final.partial"
+#: Files other libraries write in place in the output folder (``open(path, "w")`` follows a link): TRL's model card,
+#: at every checkpoint. A resumed run refuses one that is not a regular file, as for our own appends.
+WRITTEN_IN_PLACE = ("README.md",)
 _SAFETENSORS_HEADER_MAX = 100 * 2**20
 
 
@@ -407,10 +410,14 @@ def prepare_output_dir(
     if resume and overwrite:
         raise ValueError("--resume and --overwrite_output_dir exclude each other")
     if resume:
+        for name in WRITTEN_IN_PLACE:  # before anything changes: a planted README.md -> ~/file is refused
+            check_regular(out / name)
         folder = resolve_resume(out, resume, log)
         reconcile_after_resume(config, checkpoint_step(folder), log)
         if (out / FINAL_PARTIAL).exists() or (out / FINAL_PARTIAL).is_symlink():
             remove_path(out / FINAL_PARTIAL)  # the killed run's half-saved final model
+        for old in sorted(out.glob(f".{FINAL_DIR}.old-*")):  # a swap of final/ cut short by a kill
+            remove_path(old)
         return str(folder)
     ours = (LOCK_FILE, RESUME_CHOICE_FILE, RUN_FILE)  # bookkeeping, not training output
     entries = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
