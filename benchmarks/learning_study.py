@@ -13,7 +13,8 @@ generation budget: P seeds x G rollouts per step, every step) and each training 
   solver optimum.
 
 Writes ``learning_study.json`` (results), ``learning_study.png`` (curves with the baseline band) and a markdown
-table (``learning_study.md``), and prints for each run the after/baseline success ratio.
+table (``learning_study.md``) into ``--out-dir`` (default ``learning_study_out/``; ``--publish`` writes the
+published copies in ``docs/``), and prints for each run the after/baseline success ratio.
 
     OMP_NUM_THREADS=1 python benchmarks/learning_study.py --quick             # tiny random model, seconds
     # what docs/learning-study.md reports: learning-rate pilots, then the study in two parallel lanes, merged
@@ -393,9 +394,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--num-eval-seeds", type=int, default=128)
     p.add_argument("--eval-seed", type=int, default=HELD_OUT_SEED, help="first held-out evaluation seed")
     p.add_argument("--work-dir", default=None, help="where the runs go (default: a temporary folder)")
-    p.add_argument("--out-dir", default="docs/data", help="results JSON goes here")
-    p.add_argument("--png", default="docs/img/learning_study.png")
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        help="results JSON goes here (default: learning_study_out/, or docs/ with --publish)",
+    )
+    p.add_argument("--png", default=None, help="the plot (default: OUT_DIR/learning_study.png)")
     p.add_argument("--md", default=None, help="markdown table file (default: OUT_DIR/learning_study.md)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="write the published results: docs/data/learning_study.{json,md} and docs/img/learning_study.png "
+        "(never with --quick)",
+    )
     p.add_argument(
         "--env-eval-seeds",
         nargs="*",
@@ -418,6 +429,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="only print the learning rate that the pilots (one results file per rate) choose; see pick_lr",
     )
     a = p.parse_args(argv)
+    if a.publish:  # only an explicit flag writes into docs/ (a quick or exploratory run never does)
+        if a.quick or a.out_dir or a.png or a.md:
+            raise SystemExit("--publish writes docs/ itself: not with --quick, --out-dir, --png or --md")
+        a.out_dir, a.png = "docs/data", "docs/img/learning_study.png"
+    a.out_dir = a.out_dir or "learning_study_out"
+    a.png = a.png or str(Path(a.out_dir) / "learning_study.png")
     a.md = a.md or str(Path(a.out_dir) / "learning_study.md")
     try:
         a.env_eval_seeds = {k: int(v) for k, v in (item.split("=", 1) for item in a.env_eval_seeds)}

@@ -65,4 +65,4 @@ lane_a=$!
 lane_b=$!
 wait "$lane_a"
 wait "$lane_b"
-"$PY" "${LS[@]}" --merge "$OUT"/{FrozenLake_seed0,FrozenLake_seed1,Bandit_seed0,Bandit_seed1}/learning_study.json
+"$PY" "${LS[@]}" --merge "$OUT"/{FrozenLake_seed0,FrozenLake_seed1,Bandit_seed0,Bandit_seed1}/learning_study.json --publish

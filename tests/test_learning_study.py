@@ -170,3 +170,20 @@ def test_pick_lr_prefers_pilot_success_then_training_success_then_the_smaller_ra
     Path(low).write_text(json.dumps(held_out))
     with pytest.raises(SystemExit, match="below the held-out seeds"):
         study.pick_lr([low, mid])
+
+
+def test_only_publish_writes_into_docs():
+    # `learning_study.py --quick` (the tested quick mode) used to overwrite the published results in docs/
+    study = _load()
+    for argv in ([], ["--quick"], ["--quick", "--out-dir", "x"]):
+        a = study.parse_args(argv)
+        assert not any("docs" in Path(p).parts for p in (a.out_dir, a.png, a.md)), (argv, a)
+    a = study.parse_args(["--publish"])
+    assert (a.out_dir, a.png, a.md) == (
+        "docs/data",
+        "docs/img/learning_study.png",
+        "docs/data/learning_study.md",
+    )
+    for argv in (["--quick", "--publish"], ["--publish", "--out-dir", "x"]):
+        with pytest.raises(SystemExit, match="--publish"):
+            study.parse_args(argv)
