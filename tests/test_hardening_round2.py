@@ -179,6 +179,24 @@ def test_n2_a_record_line_never_exceeds_the_readers_cap(tmp_path, monkeypatch, t
     assert "cut by llm-gym" in back[0].turns[0].response
 
 
+def test_n2_render_and_view_say_that_a_mismatch_may_come_from_the_cut(tmp_path, monkeypatch, capsys):
+    from llm_gym.render.viewer import load_episode
+
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 20_000)
+    rec = record_episode(FL, ["<think>" + "y" * 9_000 + "</think><answer>Right</answer>"] * 3, seed=1)
+    path = tmp_path / "e.jsonl"
+    write_records(path, [rec])
+    back = read_records(path)[0]
+    assert back.meta["cut"] >= 1 and verify_episode(back) is not None  # the cut lost the answers
+    # the cut texts end in a note, but render and view show only their start: the mismatch says so itself
+    assert llmgym(["render", str(path), "--out", str(tmp_path / "e.gif")]) == 0
+    assert "llm-gym cut" in capsys.readouterr().err
+    episode = load_episode(back)
+    assert "replay mismatch" in episode.problem and "llm-gym cut" in episode.problem
+    episode.close()
+    assert "llm-gym cut" not in (load_episode(rec).problem or "")  # an uncut record: no note
+
+
 def test_n2_a_record_that_cannot_fit_is_refused_by_the_writer(tmp_path, monkeypatch):
     monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 2_000)
     rec = _record(0)
