@@ -302,8 +302,13 @@ def test_n12_a_huge_seed_is_shown_shortened(tmp_path, capsys):
 def test_n13_export_streams_seeds_and_rows(tmp_path, capsys):
     from llm_gym.agent.export import iter_export
 
+    def seeds():  # 10^12 seeds; one that lists them all before the first episode fails here, not by memory
+        for s in range(10**12):
+            assert s < 1_000, "the seeds were drawn ahead of the episodes"
+            yield s
+
     start = time.perf_counter()
-    seed, row, _ = next(iter_export("Bandit", range(10**12)))  # no list of 10^12 seeds first
+    seed, row, _ = next(iter_export("Bandit", seeds()))
     assert seed == 0 and row is not None and time.perf_counter() - start < 5
     assert (
         llmgym(
