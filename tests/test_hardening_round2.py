@@ -299,7 +299,7 @@ def test_n12_a_huge_seed_is_shown_shortened(tmp_path, capsys):
     assert len(capsys.readouterr().err) < 2_000  # was the 20 MB seed, twice
 
 
-def test_n13_export_streams_seeds_and_rows(tmp_path, capsys):
+def test_n13_export_streams_seeds_and_rows(tmp_path, capsys, monkeypatch):
     from llm_gym.agent.export import iter_export
 
     def seeds():  # 10^12 seeds; one that lists them all before the first episode fails here, not by memory
@@ -310,23 +310,25 @@ def test_n13_export_streams_seeds_and_rows(tmp_path, capsys):
     start = time.perf_counter()
     seed, row, _ = next(iter_export("Bandit", seeds()))
     assert seed == 0 and row is not None and time.perf_counter() - start < 5
-    assert (
-        llmgym(
-            [
-                "export",
-                "--env",
-                "Bandit",
-                "--out",
-                str(tmp_path / "h"),
-                "--format",
-                "hf",
-                "--num_episodes",
-                "200000000",
-            ]
-        )
-        == 2
-    )
-    assert "at most 1,000,000 episodes" in capsys.readouterr().err
+    # --format hf holds every row: the bound (1,000,000) is checked before any episode is played; shown with a
+    # bound of 10, so that an export without the check finishes (and fails here) instead of filling memory
+    import llm_gym.cli as cli
+
+    assert cli.MAX_HF_EPISODES == 1_000_000
+    monkeypatch.setattr(cli, "MAX_HF_EPISODES", 10)
+    argv = [
+        "export",
+        "--env",
+        "Bandit",
+        "--out",
+        str(tmp_path / "h"),
+        "--format",
+        "hf",
+        "--num_episodes",
+        "11",
+    ]
+    assert llmgym(argv) == 2
+    assert "at most 10 episodes" in capsys.readouterr().err and not (tmp_path / "h").exists()
 
 
 # ------------------------------------------------------------------------ N6, N7, N8: untrusted chat templates
