@@ -511,6 +511,46 @@ def test_n9_eval_resume_keeps_no_texts(tmp_path):
     assert len(json.dumps(light.to_dict())) < 2_000
 
 
+def test_n9_render_reads_only_the_episode_it_shows(tmp_path, capsys):
+    # the command, not only RecordFile: render picks one episode of a file it never holds whole
+    pytest.importorskip("imageio")
+    path = tmp_path / "big.jsonl"
+    padded = [record_episode(FL, ["<answer>Up</answer>"], seed=s) for s in range(30)]
+    for rec in padded:
+        rec.instructions = "z" * 1_000_000
+    write_records(path, padded)  # 30 MB
+    tracemalloc.start()
+    assert llmgym(["render", str(path), "--out", str(tmp_path / "o.gif"), "--episode", "7"]) == 0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert "episode 7" in capsys.readouterr().out and peak < 12_000_000, peak  # was the whole file
+
+
+def test_n9_eval_keeps_no_texts_for_its_summary(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import llm_gym.trainer.evaluate as ev
+
+    reply = "<think>" + "q" * 10_000 + "</think><answer>Right</answer>"
+    monkeypatch.setattr(ev, "make_policy", lambda a: (lambda batch: [reply] * len(batch), "scripted"))
+    seen = []
+    real = ev.summarize_env
+    monkeypatch.setattr(
+        ev, "summarize_env", lambda records, *a, **k: seen.extend(records) or real(records, *a, **k)
+    )
+    args = [
+        "--model",
+        "scripted",
+        "--env",
+        "FrozenLakeDeterministic",
+        "--no_progress",
+        "-o",
+        str(tmp_path / "o"),
+    ]
+    assert ev.main([*args, "--num_seeds", "2"]) == 0
+    assert ev.main([*args, "--num_seeds", "3", "--resume"]) == 0  # two resumed, one played
+    assert len(seen) == 5 and all(t.response == "" for r in seen for t in r.turns)
+
+
 # ----------------------------------------------------------------------------- N14: data files bounded in rows
 def test_n14_data_files_keep_few_rows_and_fields(tmp_path, monkeypatch):
     from llm_gym.envs import task_data
