@@ -479,11 +479,22 @@ def test_resume_from_an_older_checkpoint_never_overwrites_a_newer_complete_one(t
 
 
 def test_resume_at_max_steps_trains_no_step_and_swaps_final_in_whole(trained, tiny_dir, tmp_path, capsys):
-    from safetensors.torch import load_file
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     reference = _groups(run)
+    # The tiny run's rewards are all equal (zero advantages): its steps leave the weights as loaded. Mark the
+    # checkpoint's weights, so that final/ equals them only if the resume loaded them (same size: still complete).
+    weights = run / "checkpoint-2" / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(weights), metadata=metadata)
+    assert checkpoint_problem(run / "checkpoint-2") is None
     # Killed while saving final/ (after checkpoint-2 = max_steps): a half-written save beside it, no final/.
     shutil.rmtree(run / "final")
     (run / ".final.partial").mkdir()
