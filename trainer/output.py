@@ -77,6 +77,32 @@ def write_checkpoint_marker(folder: str | os.PathLike, global_step: int, world_s
     return marker
 
 
+#: Fields of a process's saved ``SignalState`` that are its own (its MI pair sampling and copy generators, its
+#: local MI averages); the others (round count, empty-round streak) are the same on every process, since every
+#: process decides them from the same gathered rewards.
+PER_PROCESS_SIGNAL_FIELDS = ("rng", "copy_generator", "ema")
+
+
+def read_resume_state(checkpoint: str | os.PathLike, rank: int) -> tuple[dict[str, Any] | None, bool]:
+    """What process ``rank`` restores from ``checkpoint``: its own :data:`SIGNAL_STATE_FILE` and False, or, when
+    the checkpoint was saved by fewer processes (a resume on more), rank 0's without its per-process fields
+    (:data:`PER_PROCESS_SIGNAL_FIELDS`, which start afresh) and True; ``(None, False)`` when neither exists (a
+    checkpoint of an older llm-gym). Restoring nothing on the new ranks let their round count restart: their MI
+    rounds and early stops no longer fell on the other ranks' steps, and the processes' collectives stopped
+    matching (a 2-process run resumed on 4 crashed in gloo at the next MI round)."""
+    folder = Path(checkpoint)
+    own = folder / SIGNAL_STATE_FILE.format(rank=rank)
+    borrowed = not own.is_file() and rank > 0
+    path = folder / SIGNAL_STATE_FILE.format(rank=0) if borrowed else own
+    if not path.is_file():
+        return None, False
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if borrowed:
+        shared = {k: v for k, v in data.get("signal_state", {}).items() if k not in PER_PROCESS_SIGNAL_FIELDS}
+        data = {**data, "signal_state": shared}
+    return data, borrowed
+
+
 def _per_rank_problem(files: dict[str, int], world_size: int) -> str | None:
     """A file every process writes that the marker does not list for some rank (Trainer names RNG states
     ``rng_state_N.pth`` with several processes; FSDP's sharded optimizer has one ``__N_0.distcp`` per rank)."""
