@@ -132,6 +132,26 @@ def test_layouts_the_unshared_pass_must_handle_get_no_plan():
     empty_prompt = att.clone()
     empty_prompt[1, : ids.shape[1] - C] = 0  # the first scored token has no token before it
     assert ps.plan_packing(ids, empty_prompt, C) is None
+    assert ps.plan_packing(ids, torch.zeros_like(att), C) is None  # no valid token at all (used to raise)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 5)), min_size=1, max_size=5),
+    batch_size=st.integers(1, 6),
+    seed=st.integers(0, 1000),
+)
+def test_lockstep_chunks_match_the_unshared_forward_count(groups, batch_size, seed):
+    """With several processes every rank must run as many chunked forwards as the unshared pass, whatever its rows
+    share (a sharded model gathers its weights in each forward); without, sharing may merge chunks."""
+    ids, att, _ = group_batch(tuple(groups), 4, seed)
+    B = ids.shape[0]
+    chunks = ps.chunk_rows(ids, att, batch_size, lockstep=True)
+    assert len(chunks) == -(-B // batch_size)
+    assert sorted(b for c in chunks for b in c) == list(range(B))
+    assert len(ps.chunk_rows(ids, att, batch_size)) <= len(chunks)
+    sharing = ps.PrefixSharing(lockstep=True)
+    assert len(sharing.plans(ids, att, 1, batch_size)) == len(chunks)
 
 
 def test_group_order_keeps_groups_together_and_is_a_permutation():
@@ -210,6 +230,22 @@ def test_sliding_window_and_attention_dropout_are_refused():
         ps.check_model(tiny_lm("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0))
     with pytest.raises(ps.PrefixSharingUnsupported, match="dropout"):
         ps.check_model(tiny_lm("llama", attention_dropout=0.1))
+
+
+def test_mistral_default_sliding_window_turns_sharing_off_up_front():
+    """Mistral's config has ``sliding_window=4096`` by default and passes it to every layer: the default setting
+    must switch sharing off at the start (it used to pass the check and fail on the first training forward)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    shape = dict(
+        vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    windowed = MistralForCausalLM(MistralConfig(**shape))
+    assert windowed.config.sliding_window is not None
+    assert ps.from_setting(None, windowed) is None
+    with pytest.raises(ps.PrefixSharingUnsupported, match="sliding"):
+        ps.from_setting(True, windowed)
+    assert ps.from_setting(None, MistralForCausalLM(MistralConfig(**shape, sliding_window=None))) is not None
 
 
 def test_a_model_without_the_packed_attention_fails_loudly():

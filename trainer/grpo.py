@@ -171,7 +171,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         #: Optimizer steps made no-ops so far (rounds the filter kept nothing in, empty proportional steps).
         self.skipped_steps = 0
         #: Shared-prefix forwards (:mod:`llm_gym.trainer.prefix_sharing`), or None when off.
-        self.prefix_sharing = prefix_sharing.from_setting(args.use_prefix_sharing, self.model)
+        self.prefix_sharing = prefix_sharing.from_setting(
+            args.use_prefix_sharing, self.model, lockstep=self.accelerator.num_processes > 1
+        )
         self.add_callback(EnvProgressCallback(self.callback_handler))
         deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))
         for cb in make_signal_callbacks(args, self, deepspeed=deepspeed):
