@@ -102,8 +102,10 @@ def _cmd_render(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if result.mismatch is not None:
+        from llm_gym.agent.records import cut_note
+
         print(
-            f"warning: the record does not match the environment ({result.mismatch}); "
+            f"warning: the record does not match the environment ({result.mismatch}{cut_note(records[index])}); "
             "later frames show the recorded observations",
             file=sys.stderr,
         )

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     probe = Probe(trainer, os.path.join(a.probe_dir, f"probe-rank{trainer.accelerator.process_index}.json"))
     trainer.add_callback(probe)
     trainer.train(resume_from_checkpoint=a.resume_from_checkpoint)
+    trainer.accelerator.end_training()  # as llmgym-train does: no process group left to interpreter shutdown
 
 
 if __name__ == "__main__":

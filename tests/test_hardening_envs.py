@@ -91,12 +91,21 @@ def test_over_long_response_is_a_format_error():
     assert not parse_response("<thin\u212a>a</think><answer>Up</answer>").ok
 
 
-def test_math_check_caps_before_normalising():
+def test_math_check_caps_before_normalising(monkeypatch):
+    # The work is measured (the length of every text the normalisers see), not timed: a wall-clock bound failed
+    # on a loaded machine. Without the cap they saw all 50,000,002 characters (seconds and gigabytes).
+    from llm_gym.envs.metamathqa import math_check
+
+    seen: list[int] = []
+    for name in ("normalize_strict", "clean_answer"):
+        real = getattr(math_check, name)
+        monkeypatch.setattr(math_check, name, lambda text, _real=real: seen.append(len(text)) or _real(text))
     pred = " " * 50_000_000 + "42"
     start = time.perf_counter()
     assert is_equivalent(pred, "42")
     assert not is_equivalent("7" + " " * 50_000_000, "7 ")
-    assert time.perf_counter() - start < 0.5
+    assert seen and max(seen) <= math_check.MAX_INPUT, max(seen)
+    assert time.perf_counter() - start < 30  # a hang guard only
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

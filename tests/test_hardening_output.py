@@ -370,7 +370,12 @@ pytest.importorskip("trl")
 
 import llm_gym.trainer.cli as train_cli  # noqa: E402
 import llm_gym.trainer.models as models  # noqa: E402
-from llm_gym.trainer.output import MARKER, checkpoint_problem, resolve_resume  # noqa: E402
+from llm_gym.trainer.output import (  # noqa: E402
+    MARKER,
+    checkpoint_problem,
+    prepare_output_dir,
+    resolve_resume,
+)
 
 from tests._tiny import tiny_train_argv  # noqa: E402
 
@@ -474,11 +479,22 @@ def test_resume_from_an_older_checkpoint_never_overwrites_a_newer_complete_one(t
 
 
 def test_resume_at_max_steps_trains_no_step_and_swaps_final_in_whole(trained, tiny_dir, tmp_path, capsys):
-    from safetensors.torch import load_file
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     reference = _groups(run)
+    # The tiny run's rewards are all equal (zero advantages): its steps leave the weights as loaded. Mark the
+    # checkpoint's weights, so that final/ equals them only if the resume loaded them (same size: still complete).
+    weights = run / "checkpoint-2" / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(weights), metadata=metadata)
+    assert checkpoint_problem(run / "checkpoint-2") is None
     # Killed while saving final/ (after checkpoint-2 = max_steps): a half-written save beside it, no final/.
     shutil.rmtree(run / "final")
     (run / ".final.partial").mkdir()
@@ -495,6 +511,66 @@ def test_resume_at_max_steps_trains_no_step_and_swaps_final_in_whole(trained, ti
     assert final.keys() == ckpt.keys() and all(
         torch_equal(final[k], ckpt[k]) for k in final
     )  # the trained model
+
+
+def test_resume_refuses_a_linked_model_card_and_clears_a_cut_final_swap(
+    trained, tiny_dir, tmp_path, capsys, no_model_load
+):
+    from types import SimpleNamespace
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    # TRL writes the model card with open(path, "w") at every checkpoint: a planted link had its target overwritten
+    (run / "README.md").unlink()
+    (run / "README.md").symlink_to(victim)
+    records = (run / "episodes.jsonl").read_bytes()
+    assert train_cli.main([*_train_args(tiny_dir, run), "--max_steps", "3", "--resume"]) == 1
+    assert "refusing to write through a symbolic link" in capsys.readouterr().err
+    assert (
+        victim.read_text() == "precious\n" and (run / "episodes.jsonl").read_bytes() == records
+    )  # untouched
+    # a kill between the two renames of final/'s swap leaves the old model beside it: a resume removes it
+    (run / "README.md").unlink()
+    (run / ".final.old-1-abcd").mkdir()
+    (run / ".final.old-1-abcd" / "model.safetensors").write_bytes(b"old")
+    config = SimpleNamespace(
+        output_dir=str(run), episode_records="episodes.jsonl", collapse_report="collapse.jsonl", max_steps=2
+    )
+    prepare_output_dir(config, "latest", False, log=lambda m: None)
+    assert not (run / ".final.old-1-abcd").exists() and (run / "final").is_dir()
+
+
+def test_a_resume_on_more_processes_gives_the_new_ones_rank_0s_shared_state(tmp_path):
+    # A 2-process run resumed on 4: ranks 2 and 3 had no state file, restarted their round count, ran MI rounds
+    # the others did not, and the run crashed in gloo (a hang under NCCL). They now take rank 0's shared counters.
+    from llm_gym.trainer.output import PER_PROCESS_SIGNAL_FIELDS, read_resume_state
+    from llm_gym.trainer.signals import SignalState
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    for rank in (0, 1):
+        state = SignalState.for_process(seed=7, process_index=rank)
+        state.rounds, state.consecutive_empty = 2, 2
+        data = {"signal_state": state.state_dict(), "generation_rounds": 2, "callbacks": {"X": {"low": 1}}}
+        (ckpt / f"llmgym_signal_state_{rank}.json").write_text(json.dumps(data))
+    own, borrowed = read_resume_state(ckpt, 1)
+    assert not borrowed and own["signal_state"]["rng"] == SignalState.for_process(7, 1).state_dict()["rng"]
+    new, borrowed = read_resume_state(ckpt, 3)
+    assert borrowed and new["generation_rounds"] == 2 and new["callbacks"] == {"X": {"low": 1}}
+    assert new["signal_state"]["rounds"] == 2 and new["signal_state"]["consecutive_empty"] == 2
+    assert not set(PER_PROCESS_SIGNAL_FIELDS) & set(new["signal_state"])  # its own sampling starts afresh
+    fresh = SignalState.for_process(seed=7, process_index=3)
+    fresh.load_state_dict(new["signal_state"])
+    assert (
+        fresh.rounds == 2
+        and fresh.rng.bit_generator.state == SignalState.for_process(7, 3).rng.bit_generator.state
+    )
+    assert read_resume_state(tmp_path, 0) == (
+        None,
+        False,
+    )  # an older llm-gym's checkpoint: nothing to restore
 
 
 def torch_equal(a, b) -> bool:
@@ -669,3 +745,38 @@ def test_sigkill_while_saving_a_checkpoint_then_resume(tiny_dir, tmp_path, capsy
     assert sorted(k for k in groups if k[0] == "eval") == [("eval", 0), ("eval", 3)]
     assert len({n for k, n in groups.items() if k[0] == "train"}) == 1  # no round twice
     assert len({n for k, n in groups.items() if k[0] == "eval"}) == 1
+
+
+@pytest.mark.slow
+def test_a_two_process_run_resumes_on_four(tiny_dir, tmp_path):
+    # CPU processes (gloo) under accelerate with the shipped FSDP config: resumed on more processes, the new ranks
+    # crashed in gloo at the first MI round (their round count restarted); now all four stop on the same step.
+    import socket
+
+    pytest.importorskip("accelerate")
+    script = Path(sys.executable).with_name("llmgym-train")
+    if not script.exists():
+        pytest.skip("llmgym-train is not installed next to the interpreter")
+    run = tmp_path / "run"
+
+    def launch(processes: int, *extra: str) -> subprocess.CompletedProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        config = Path(__file__).resolve().parents[1] / "trainer" / "accelerate_configs" / "fsdp.yaml"
+        per_device = str(8 // processes)  # 2 seeds x 4 rollouts per round over the processes
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        cmd += ["--mixed_precision", "no"]
+        cmd += ["--num_processes", str(processes), "--main_process_port", str(port), str(script)]
+        cmd += [*_train_args(tiny_dir, run), "--per_device_train_batch_size", per_device]
+        cmd += ["--per_device_eval_batch_size", per_device, *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+    first = launch(2, "--max_steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = launch(4, "--max_steps", "4", "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "was saved by fewer processes" in again.stderr
+    state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4 and (run / "checkpoint-4" / "llmgym_signal_state_3.json").is_file()

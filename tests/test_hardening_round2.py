@@ -179,6 +179,24 @@ def test_n2_a_record_line_never_exceeds_the_readers_cap(tmp_path, monkeypatch, t
     assert "cut by llm-gym" in back[0].turns[0].response
 
 
+def test_n2_render_and_view_say_that_a_mismatch_may_come_from_the_cut(tmp_path, monkeypatch, capsys):
+    from llm_gym.render.viewer import load_episode
+
+    monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 20_000)
+    rec = record_episode(FL, ["<think>" + "y" * 9_000 + "</think><answer>Right</answer>"] * 3, seed=1)
+    path = tmp_path / "e.jsonl"
+    write_records(path, [rec])
+    back = read_records(path)[0]
+    assert back.meta["cut"] >= 1 and verify_episode(back) is not None  # the cut lost the answers
+    # the cut texts end in a note, but render and view show only their start: the mismatch says so itself
+    assert llmgym(["render", str(path), "--out", str(tmp_path / "e.gif")]) == 0
+    assert "llm-gym cut" in capsys.readouterr().err
+    episode = load_episode(back)
+    assert "replay mismatch" in episode.problem and "llm-gym cut" in episode.problem
+    episode.close()
+    assert "llm-gym cut" not in (load_episode(rec).problem or "")  # an uncut record: no note
+
+
 def test_n2_a_record_that_cannot_fit_is_refused_by_the_writer(tmp_path, monkeypatch):
     monkeypatch.setattr(_jsonl, "MAX_LINE_BYTES", 2_000)
     rec = _record(0)
@@ -281,29 +299,36 @@ def test_n12_a_huge_seed_is_shown_shortened(tmp_path, capsys):
     assert len(capsys.readouterr().err) < 2_000  # was the 20 MB seed, twice
 
 
-def test_n13_export_streams_seeds_and_rows(tmp_path, capsys):
+def test_n13_export_streams_seeds_and_rows(tmp_path, capsys, monkeypatch):
     from llm_gym.agent.export import iter_export
 
+    def seeds():  # 10^12 seeds; one that lists them all before the first episode fails here, not by memory
+        for s in range(10**12):
+            assert s < 1_000, "the seeds were drawn ahead of the episodes"
+            yield s
+
     start = time.perf_counter()
-    seed, row, _ = next(iter_export("Bandit", range(10**12)))  # no list of 10^12 seeds first
+    seed, row, _ = next(iter_export("Bandit", seeds()))
     assert seed == 0 and row is not None and time.perf_counter() - start < 5
-    assert (
-        llmgym(
-            [
-                "export",
-                "--env",
-                "Bandit",
-                "--out",
-                str(tmp_path / "h"),
-                "--format",
-                "hf",
-                "--num_episodes",
-                "200000000",
-            ]
-        )
-        == 2
-    )
-    assert "at most 1,000,000 episodes" in capsys.readouterr().err
+    # --format hf holds every row: the bound (1,000,000) is checked before any episode is played; shown with a
+    # bound of 10, so that an export without the check finishes (and fails here) instead of filling memory
+    import llm_gym.cli as cli
+
+    assert cli.MAX_HF_EPISODES == 1_000_000
+    monkeypatch.setattr(cli, "MAX_HF_EPISODES", 10)
+    argv = [
+        "export",
+        "--env",
+        "Bandit",
+        "--out",
+        str(tmp_path / "h"),
+        "--format",
+        "hf",
+        "--num_episodes",
+        "11",
+    ]
+    assert llmgym(argv) == 2
+    assert "at most 10 episodes" in capsys.readouterr().err and not (tmp_path / "h").exists()
 
 
 # ------------------------------------------------------------------------ N6, N7, N8: untrusted chat templates
@@ -411,7 +436,9 @@ def test_n7_a_looping_template_ends_at_the_deadline(tok, monkeypatch, tmp_path, 
     from llm_gym.agent import templates
 
     monkeypatch.setattr(templates, "TEMPLATE_DEADLINE_S", 0.5)
-    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    # 10^8 iterations (seconds, far over the 0.5 s deadline): without a deadline the renders finish and the
+    # verdict below fails the test; 10^10 hung it for hours
+    loop = "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
     start = time.perf_counter()
     check = check_template(_with_template(tok, loop))
     assert time.perf_counter() - start < 5  # was: never returned
@@ -482,6 +509,46 @@ def test_n9_eval_resume_keeps_no_texts(tmp_path):
     light = _light(rec)
     assert light.success == rec.success and light.total_reward == rec.total_reward
     assert len(json.dumps(light.to_dict())) < 2_000
+
+
+def test_n9_render_reads_only_the_episode_it_shows(tmp_path, capsys):
+    # the command, not only RecordFile: render picks one episode of a file it never holds whole
+    pytest.importorskip("imageio")
+    path = tmp_path / "big.jsonl"
+    padded = [record_episode(FL, ["<answer>Up</answer>"], seed=s) for s in range(30)]
+    for rec in padded:
+        rec.instructions = "z" * 1_000_000
+    write_records(path, padded)  # 30 MB
+    tracemalloc.start()
+    assert llmgym(["render", str(path), "--out", str(tmp_path / "o.gif"), "--episode", "7"]) == 0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert "episode 7" in capsys.readouterr().out and peak < 12_000_000, peak  # was the whole file
+
+
+def test_n9_eval_keeps_no_texts_for_its_summary(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import llm_gym.trainer.evaluate as ev
+
+    reply = "<think>" + "q" * 10_000 + "</think><answer>Right</answer>"
+    monkeypatch.setattr(ev, "make_policy", lambda a: (lambda batch: [reply] * len(batch), "scripted"))
+    seen = []
+    real = ev.summarize_env
+    monkeypatch.setattr(
+        ev, "summarize_env", lambda records, *a, **k: seen.extend(records) or real(records, *a, **k)
+    )
+    args = [
+        "--model",
+        "scripted",
+        "--env",
+        "FrozenLakeDeterministic",
+        "--no_progress",
+        "-o",
+        str(tmp_path / "o"),
+    ]
+    assert ev.main([*args, "--num_seeds", "2"]) == 0
+    assert ev.main([*args, "--num_seeds", "3", "--resume"]) == 0  # two resumed, one played
+    assert len(seen) == 5 and all(t.response == "" for r in seen for t in r.turns)
 
 
 # ----------------------------------------------------------------------------- N14: data files bounded in rows

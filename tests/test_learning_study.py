@@ -243,3 +243,16 @@ def test_pick_lr_prefers_pilot_success_then_training_success_then_the_smaller_ra
     Path(low).write_text(json.dumps(held_out))
     with pytest.raises(SystemExit, match="below the held-out seeds"):
         study.pick_lr([low, mid])
+
+
+def test_only_publish_writes_into_docs(tmp_path):
+    # `learning_study.py --quick` (the tested quick mode) used to overwrite the published results in docs/
+    study = _load()
+    for argv in ([], ["--quick"], ["--quick", "--out-dir", "x"]):
+        a = study.parse_args(argv)
+        study._output_paths(a, tmp_path)
+        assert not any("docs" in Path(p).parts for p in (a.out_dir, a.png, a.md)), (argv, a)
+        assert not a.publish
+    assert all("docs" in p.parts for p in study.PUBLISHED.values())
+    with pytest.raises(SystemExit, match="--quick"):
+        study.parse_args(["--quick", "--publish"])

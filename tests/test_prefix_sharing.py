@@ -132,6 +132,26 @@ def test_layouts_the_unshared_pass_must_handle_get_no_plan():
     empty_prompt = att.clone()
     empty_prompt[1, : ids.shape[1] - C] = 0  # the first scored token has no token before it
     assert ps.plan_packing(ids, empty_prompt, C) is None
+    assert ps.plan_packing(ids, torch.zeros_like(att), C) is None  # no valid token at all (used to raise)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 5)), min_size=1, max_size=5),
+    batch_size=st.integers(1, 6),
+    seed=st.integers(0, 1000),
+)
+def test_lockstep_chunks_match_the_unshared_forward_count(groups, batch_size, seed):
+    """With several processes every rank must run as many chunked forwards as the unshared pass, whatever its rows
+    share (a sharded model gathers its weights in each forward); without, sharing may merge chunks."""
+    ids, att, _ = group_batch(tuple(groups), 4, seed)
+    B = ids.shape[0]
+    chunks = ps.chunk_rows(ids, att, batch_size, lockstep=True)
+    assert len(chunks) == -(-B // batch_size)
+    assert sorted(b for c in chunks for b in c) == list(range(B))
+    assert len(ps.chunk_rows(ids, att, batch_size)) <= len(chunks)
+    sharing = ps.PrefixSharing(lockstep=True)
+    assert len(sharing.plans(ids, att, 1, batch_size)) == len(chunks)
 
 
 def test_group_order_keeps_groups_together_and_is_a_permutation():
@@ -212,6 +232,22 @@ def test_sliding_window_and_attention_dropout_are_refused():
         ps.check_model(tiny_lm("llama", attention_dropout=0.1))
 
 
+def test_mistral_default_sliding_window_turns_sharing_off_up_front():
+    """Mistral's config has ``sliding_window=4096`` by default and passes it to every layer: the default setting
+    must switch sharing off at the start (it used to pass the check and fail on the first training forward)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    shape = dict(
+        vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    windowed = MistralForCausalLM(MistralConfig(**shape))
+    assert windowed.config.sliding_window is not None
+    assert ps.from_setting(None, windowed) is None
+    with pytest.raises(ps.PrefixSharingUnsupported, match="sliding"):
+        ps.from_setting(True, windowed)
+    assert ps.from_setting(None, MistralForCausalLM(MistralConfig(**shape, sliding_window=None))) is not None
+
+
 def test_a_model_without_the_packed_attention_fails_loudly():
     """The placeholder mask leaves no room for a query: attention that is not ours errors instead of
     attending everything."""
@@ -272,12 +308,26 @@ def test_shared_generation_samples_the_same_tokens():
     for i, c in enumerate(contexts):
         ids[i, width - len(c) :] = torch.tensor(c)
         att[i, width - len(c) :] = 1
-    for seed in range(3):
-        torch.manual_seed(seed)
-        plain = model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)[:, width:]
-        torch.manual_seed(seed)
-        shared = ps.generate_shared(model, layout, cfg, 0, "cpu")
-        assert torch.equal(plain, shared)
+    last_logits: list[torch.Tensor] = []
+    hook = model.register_forward_hook(lambda m, i, out: last_logits.append(out.logits[:, -1].detach()))
+    try:
+        for seed in range(3):
+            last_logits.clear()
+            torch.manual_seed(seed)
+            plain = model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)[:, width:]
+            plain_logits = list(last_logits)
+            last_logits.clear()
+            torch.manual_seed(seed)
+            shared = ps.generate_shared(model, layout, cfg, 0, "cpu")
+            assert torch.equal(plain, shared)
+            # every step's next-token logits agree (the shared path's first forward is the prefixes' prefill):
+            # token identity alone would miss e.g. a position offset that moves the logits a little
+            shared_logits = last_logits[1:]
+            assert len(shared_logits) == len(plain_logits)
+            for a, b in zip(plain_logits, shared_logits):
+                assert (a - b).abs().max() < TOL
+    finally:
+        hook.remove()
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
@@ -344,6 +394,45 @@ def test_grpo_loss_gradients_equal_the_unshared_pass(tiny_dir, tmp_path, overrid
     assert sharing.tokens.processed > before  # the loss pass went through the packed forward
     g_plain = loss_grads(tr, batch, False, sharing)
     assert max_rel(g_shared, g_plain) < TOL
+
+
+@pytest.mark.parametrize(
+    "overrides, lora", [({"beta": 0.1}, False), ({"beta": 0.1}, True), ({"num_iterations": 2}, False)]
+)
+def test_reference_and_old_logps_equal_the_unshared_pass(tiny_dir, tmp_path, overrides, lora):
+    """TRL's reference log-probs (a separate reference model; with LoRA the adapter-disabled policy) and old
+    log-probs (``num_iterations > 1``), computed in chunks during scoring, go through the packed pass exactly."""
+    from llm_gym.trainer.rollouts import seed_prompt
+
+    kwargs = {}
+    if lora:
+        from peft import LoraConfig
+
+        kwargs["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    tr = trainer_for(tiny_dir, tmp_path, trainer_kwargs=kwargs, per_device_train_batch_size=4, **overrides)
+    for n, p in tr.model.named_parameters():  # LoRA B starts at zero: move it so the adapter matters
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    sharing = tr.prefix_sharing
+    rows = [{"prompt": seed_prompt(s)} for s in (5, 5, 5, 5, 6, 6, 6, 6)]
+    out = {}
+    for shared in (True, False):
+        tr.prefix_sharing = sharing if shared else None
+        torch.manual_seed(0)
+        before = sharing.tokens.processed
+        out[shared] = tr._generate_and_score_completions(rows)
+        assert (sharing.tokens.processed > before) == shared
+    tr.prefix_sharing = sharing
+    assert torch.equal(out[True]["completion_ids"], out[False]["completion_ids"])
+    key = "ref_per_token_logps" if "beta" in overrides else "old_per_token_logps"
+    mask = out[False]["completion_mask"].bool()
+    assert (out[True][key] - out[False][key])[mask].abs().max() < TOL
+    if lora:  # the reference really is the adapter-disabled model, not the policy
+        ids = torch.cat([out[True]["prompt_ids"], out[True]["completion_ids"]], dim=1)
+        attn = torch.cat([out[True]["prompt_mask"], out[True]["completion_mask"]], dim=1)
+        with torch.no_grad():
+            policy = tr._get_per_token_logps_and_entropies(tr.model, ids, attn, mask.shape[1])[0]
+        assert (policy - out[True][key])[mask].abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("critic, checkpointing", [("head", True), ("separate", False)])

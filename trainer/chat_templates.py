@@ -181,7 +181,7 @@ def training_template_tokens(tokenizer: Any, *, log: Any = None) -> ChatTemplate
     try:
         return ChatTemplateTokens(tokenizer)
     except ChatTemplateError as original:
-        if isinstance(original, TemplateRenderError) and original.timed_out:
+        if isinstance(original, TemplateRenderError) and original.rendering_again_may_hang:
             raise  # TRL would render the same template again (its variants are for known templates)
         variant = trl_training_template(tokenizer)
         if variant is None:
@@ -307,7 +307,7 @@ def check_template(tokenizer: Any) -> TemplateCheck:
         check.prefix_preserving = False if "prefix-preserving" in check.error else None
         if check.end_of_turn is None and check.render_error is None:
             _probe_details(check, tokenizer)
-        if isinstance(e, TemplateRenderError) and e.timed_out:
+        if isinstance(e, TemplateRenderError) and e.rendering_again_may_hang:
             return check  # TRL would render the same template again (its variants are for known templates)
     variant = trl_training_template(tokenizer)
     if variant is not None:

@@ -295,6 +295,9 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     if is_main:
         sharing = getattr(trainer, "prefix_sharing", None)
         _report(config, trainer.state.log_history, before, after, time.time() - t0, sharing)
+    # Tear the process group down before exit: left to interpreter shutdown, gloo's threads sometimes abort the
+    # process ("terminate called without an active exception") after a run that finished and saved.
+    trainer.accelerator.end_training()
     return EXIT_OK
 
 

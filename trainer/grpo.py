@@ -35,7 +35,12 @@ from llm_gym.trainer.batch import (
 )
 from llm_gym.trainer.callbacks import EnvProgressCallback, make_signal_callbacks
 from llm_gym.trainer.config import LLMGymGRPOConfig
-from llm_gym.trainer.output import SIGNAL_STATE_FILE, write_checkpoint_marker, write_run_file
+from llm_gym.trainer.output import (
+    SIGNAL_STATE_FILE,
+    read_resume_state,
+    write_checkpoint_marker,
+    write_run_file,
+)
 from llm_gym.trainer.precision import align_trainer_model
 from llm_gym.trainer.rollouts import EnvRolloutFunc, RolloutInfo, env_reward, seed_dataset
 from llm_gym.trainer.signals import RoundDecision, SignalState, decide_round
@@ -166,7 +171,9 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         #: Optimizer steps made no-ops so far (rounds the filter kept nothing in, empty proportional steps).
         self.skipped_steps = 0
         #: Shared-prefix forwards (:mod:`llm_gym.trainer.prefix_sharing`), or None when off.
-        self.prefix_sharing = prefix_sharing.from_setting(args.use_prefix_sharing, self.model)
+        self.prefix_sharing = prefix_sharing.from_setting(
+            args.use_prefix_sharing, self.model, lockstep=self.accelerator.num_processes > 1
+        )
         self.add_callback(EnvProgressCallback(self.callback_handler))
         deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))
         for cb in make_signal_callbacks(args, self, deepspeed=deepspeed):
@@ -524,14 +531,18 @@ class LLMGymGRPOTrainer(GRPOTrainer):
     @compat.overrides
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model=model)
-        path = os.path.join(
-            resume_from_checkpoint, SIGNAL_STATE_FILE.format(rank=self.accelerator.process_index)
-        )
-        if not os.path.isfile(path):  # a checkpoint of an older llm-gym: the signal state starts afresh
+        rank = self.accelerator.process_index
+        data, borrowed = read_resume_state(resume_from_checkpoint, rank)
+        if data is None:  # a checkpoint of an older llm-gym: the signal state starts afresh
+            path = os.path.join(resume_from_checkpoint, SIGNAL_STATE_FILE.format(rank=rank))
             warnings.warn(f"{path} is missing: MI cadence, EMAs and early-stop state restart", stacklevel=2)
             return
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        if borrowed:  # saved by fewer processes: rank 0's shared counters, this process's own sampling afresh
+            warnings.warn(
+                f"{resume_from_checkpoint} was saved by fewer processes: process {rank} takes rank 0's round count "
+                "and early-stop state; its MI sampling and averages start afresh",
+                stacklevel=2,
+            )
         self.signal_state.load_state_dict(data.get("signal_state", {}))
         self._generation_rounds = int(data.get("generation_rounds", 0))
         # older checkpoints kept the count in the signal state

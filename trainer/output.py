@@ -55,6 +55,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 #: The final model's folder, and where it is saved first (then renamed over it: ``final/`` is whole or absent).
 FINAL_DIR = "final"
 FINAL_PARTIAL = ".final.partial"
+#: Files other libraries write in place in the output folder (``open(path, "w")`` follows a link): TRL's model card,
+#: at every checkpoint. A resumed run refuses one that is not a regular file, as for our own appends.
+WRITTEN_IN_PLACE = ("README.md",)
 _SAFETENSORS_HEADER_MAX = 100 * 2**20
 
 
@@ -73,6 +76,32 @@ def write_checkpoint_marker(folder: str | os.PathLike, global_step: int, world_s
     data = {"global_step": int(global_step), "world_size": int(world_size), "files": files}
     atomic_write_text(marker, json.dumps(data, indent=1) + "\n")
     return marker
+
+
+#: Fields of a process's saved ``SignalState`` that are its own (its MI pair sampling and copy generators, its
+#: local MI averages); the others (round count, empty-round streak) are the same on every process, since every
+#: process decides them from the same gathered rewards.
+PER_PROCESS_SIGNAL_FIELDS = ("rng", "copy_generator", "ema")
+
+
+def read_resume_state(checkpoint: str | os.PathLike, rank: int) -> tuple[dict[str, Any] | None, bool]:
+    """What process ``rank`` restores from ``checkpoint``: its own :data:`SIGNAL_STATE_FILE` and False, or, when
+    the checkpoint was saved by fewer processes (a resume on more), rank 0's without its per-process fields
+    (:data:`PER_PROCESS_SIGNAL_FIELDS`, which start afresh) and True; ``(None, False)`` when neither exists (a
+    checkpoint of an older llm-gym). Restoring nothing on the new ranks let their round count restart: their MI
+    rounds and early stops no longer fell on the other ranks' steps, and the processes' collectives stopped
+    matching (a 2-process run resumed on 4 crashed in gloo at the next MI round)."""
+    folder = Path(checkpoint)
+    own = folder / SIGNAL_STATE_FILE.format(rank=rank)
+    borrowed = not own.is_file() and rank > 0
+    path = folder / SIGNAL_STATE_FILE.format(rank=0) if borrowed else own
+    if not path.is_file():
+        return None, False
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if borrowed:
+        shared = {k: v for k, v in data.get("signal_state", {}).items() if k not in PER_PROCESS_SIGNAL_FIELDS}
+        data = {**data, "signal_state": shared}
+    return data, borrowed
 
 
 def _per_rank_problem(files: dict[str, int], world_size: int) -> str | None:
@@ -408,10 +437,14 @@ def prepare_output_dir(
     if resume and overwrite:
         raise ValueError("--resume and --overwrite_output_dir exclude each other")
     if resume:
+        for name in WRITTEN_IN_PLACE:  # before anything changes: a planted README.md -> ~/file is refused
+            check_regular(out / name)
         folder = resolve_resume(out, resume, log)
         reconcile_after_resume(config, checkpoint_step(folder), log)
         if (out / FINAL_PARTIAL).exists() or (out / FINAL_PARTIAL).is_symlink():
             remove_path(out / FINAL_PARTIAL)  # the killed run's half-saved final model
+        for old in sorted(out.glob(f".{FINAL_DIR}.old-*")):  # a swap of final/ cut short by a kill
+            remove_path(old)
         return str(folder)
     ours = (LOCK_FILE, RESUME_CHOICE_FILE, RUN_FILE)  # bookkeeping, not training output
     entries = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []

@@ -189,7 +189,7 @@ def plan_packing(
 ) -> PackPlan | None:
     """The packed layout of a (B, L) batch scored on its last ``logits_to_keep`` columns, or None when the layout
     is one the unshared pass must handle (a row whose valid tokens are not contiguous, or whose first scored token
-    has no valid token before it: TRL scores that one from a padding position)."""
+    has no valid token before it: TRL scores that one from a padding position; or no valid token at all)."""
     B, L = input_ids.shape
     C = int(logits_to_keep)
     if B == 0 or not 0 < C <= L:
@@ -207,6 +207,8 @@ def plan_packing(
     # first column (equal position ids); with relative positions (each row counts from 0) any rows may share.
     base = [0 if relative_positions else s for s in starts]
     order = sorted((b for b in range(B) if tokens[b]), key=lambda b: (base[b], tokens[b]))
+    if not order:  # every row fully masked: nothing to pack (the unshared pass gives zeros)
+        return None
     adj = [_lcp(tokens[a], tokens[b]) if base[a] == base[b] else 0 for a, b in zip(order, order[1:])]
     nodes: list[_Node] = []
     leaf: dict[int, _Node] = {}
@@ -404,7 +406,12 @@ def check_model(model: torch.nn.Module) -> None:
                 f"that {impl!r} cannot apply exactly){hint}"
             )
         layer_types = getattr(text, "layer_types", None) or []
-        if getattr(text, "use_sliding_window", False) or "sliding_attention" in layer_types:
+        # Mistral passes config.sliding_window to every layer (4096 by default); Qwen2/Qwen3 set it only when used
+        if (
+            getattr(text, "use_sliding_window", False)
+            or getattr(text, "sliding_window", None) is not None
+            or "sliding_attention" in layer_types
+        ):
             raise PrefixSharingUnsupported(f"prefix sharing does not support sliding-window attention{hint}")
         if float(getattr(text, "attention_dropout", 0.0) or 0.0) > 0.0:
             raise PrefixSharingUnsupported(f"prefix sharing cannot reproduce attention dropout{hint}")
@@ -439,10 +446,29 @@ def chunk_rows(
     attention_mask: torch.Tensor,
     batch_size: int | None,
     relative_positions: bool = False,
+    lockstep: bool = False,
 ) -> list[list[int]]:
     """Row chunks for forwards of at most ``batch_size`` rows' worth of tokens (``batch_size * L``, what one
     unshared chunk processes): rows sorted so that those sharing a prefix sit together, then cut greedily by their
-    packed size. ``None``: one chunk."""
+    packed size. ``None``: one chunk. ``lockstep``: exactly as many chunks as the unshared pass (``ceil(B /
+    batch_size)``, the largest split in halves), so that every process runs the same number of forwards whatever
+    its rows share (sharded models gather their weights in each forward, a collective)."""
+    chunks = _greedy_chunks(input_ids, attention_mask, batch_size, relative_positions)
+    if lockstep and batch_size is not None:
+        target = -(-input_ids.shape[0] // max(1, int(batch_size)))
+        while len(chunks) < target:  # fewer than target <= B chunks: the largest has two rows or more
+            i = max(range(len(chunks)), key=lambda j: len(chunks[j]))
+            half = len(chunks[i]) // 2
+            chunks[i : i + 1] = [chunks[i][:half], chunks[i][half:]]
+    return chunks
+
+
+def _greedy_chunks(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    batch_size: int | None,
+    relative_positions: bool,
+) -> list[list[int]]:
     B, L = input_ids.shape
     if batch_size is None or batch_size >= B:
         return [list(range(B))]
@@ -478,8 +504,12 @@ class PrefixSharing:
     that call can be mapped to TRL's layout (:meth:`unpack`).
     """
 
-    def __init__(self, min_saved: int = MIN_SAVED_TOKENS, relative_positions: bool = False):
+    def __init__(
+        self, min_saved: int = MIN_SAVED_TOKENS, relative_positions: bool = False, lockstep: bool = False
+    ):
         self.min_saved = int(min_saved)
+        #: Several processes: chunked forwards keep the unshared pass's count (:func:`chunk_rows`).
+        self.lockstep = bool(lockstep)
         #: Count positions from each row's first token, so rows of different groups share their common system
         #: text and instructions too (:func:`plan_packing`); only for models whose positions are relative.
         self.relative_positions = bool(relative_positions)
@@ -499,7 +529,9 @@ class PrefixSharing:
         """``(rows, plan)`` chunks covering every row once, or None when the batch's layout needs the unshared
         pass (:func:`plan_packing`)."""
         out = []
-        for rows in chunk_rows(input_ids, attention_mask, batch_size, self.relative_positions):
+        for rows in chunk_rows(
+            input_ids, attention_mask, batch_size, self.relative_positions, lockstep=self.lockstep
+        ):
             index = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
             plan = plan_packing(
                 input_ids.index_select(0, index).cpu(),
@@ -779,10 +811,12 @@ def summary_line(sharing: PrefixSharing) -> str:
     return "prefix sharing: " + ("; ".join(parts) if parts else "no forward ran")
 
 
-def from_setting(setting: bool | None, model: torch.nn.Module) -> PrefixSharing | None:
+def from_setting(
+    setting: bool | None, model: torch.nn.Module, *, lockstep: bool = False
+) -> PrefixSharing | None:
     """The trainer's :class:`PrefixSharing` for the config's ``use_prefix_sharing``: ``False`` -> None; ``True`` ->
     on, or :class:`PrefixSharingUnsupported`; ``None`` (default) -> on where :func:`check_model` allows it, else None
-    with one log line saying why."""
+    with one log line saying why. ``lockstep``: several processes train together (:func:`chunk_rows`)."""
     if setting is False:
         return None
     try:
@@ -792,7 +826,7 @@ def from_setting(setting: bool | None, model: torch.nn.Module) -> PrefixSharing 
             raise
         logger.warning("prefix sharing is off: %s", str(e).split(";")[0])
         return None
-    return PrefixSharing(relative_positions=relative_rope(model))
+    return PrefixSharing(relative_positions=relative_rope(model), lockstep=lockstep)
 
 
 #: Rotary-embedding types whose angles depend only on the position (not on the sequence length): attention then

@@ -520,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock = OutputLock(config.output_dir, "SFT run").acquire()
         prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
         train_sft(config, opts.model, rows, merge_lora=opts.merge_lora)
+        from accelerate import PartialState
+
+        PartialState().destroy_process_group()  # as llmgym-train: none left to interpreter shutdown (gloo aborts)
     except (DataError, ModelError, OutputLockedError, ValueError) as e:
         print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_USAGE

@@ -20,7 +20,7 @@ import numpy as np
 
 from llm_gym import _jsonl
 from llm_gym._jsonl import JsonlError, decode_json, iter_lines
-from llm_gym.core.checks import is_number
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.core.parsing import RESPONSE_MAX_LENGTH
 from llm_gym.registration import check_seed, make_env, short_repr
 
@@ -278,6 +278,18 @@ def _dumps(d: dict[str, Any]) -> str:
 
 def _cut_note(length: int) -> str:
     return f" [cut by llm-gym: the original had {length:,} characters]"
+
+
+def cut_note(record: EpisodeRecord) -> str:
+    """For a replay mismatch: a note that the writer cut this record's texts (``meta["cut"]``), or "". The cut
+    texts end in their own note, but a viewer shows only the start of a long text."""
+    n = record.meta.get("cut") if isinstance(record.meta, dict) else None
+    if not is_int(n) or n <= 0:
+        return ""
+    return (
+        f"; llm-gym cut {n} of this record's texts to fit the {_jsonl.MAX_LINE_BYTES:,}-byte line bound when it "
+        "was written, which can change a replay"
+    )
 
 
 def _cut(text: str, keep: int) -> str:

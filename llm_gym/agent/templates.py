@@ -9,7 +9,9 @@ hours. Every render of llm-gym therefore goes through :func:`render_chat_templat
 - a **deadline** (:data:`TEMPLATE_DEADLINE_S` seconds): a watchdog thread raises an exception inside the
   rendering thread when it passes (``PyThreadState_SetAsyncExc``: delivered between two Python bytecodes, so
   a compiled template's loops are interrupted; one long C-level operation such as ``'x' * 10**9`` finishes
-  first). One watchdog thread serves every render; arming it costs a lock and a dict entry, not a thread;
+  first). One watchdog thread serves every render; arming it costs a dict entry (no lock, no thread);
+- a **refusal** of the one such C-level operation that is cheap to write and never needed in a chat template:
+  the power operator (:func:`uninterruptible`; ``{{ 7 ** 999999999 }}`` runs for hours);
 - a **size bound** on the text a template renders (:func:`max_rendered_chars`);
 - **one error type**: whatever the template raises (its own ``raise_exception('System role not supported')``,
   ``UndefinedError``, ``SecurityError``, ``ZeroDivisionError``, ``RecursionError``, ``MemoryError``, ...)
@@ -23,6 +25,8 @@ files at most 64 MiB).
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import threading
 import time
@@ -47,9 +51,17 @@ class TemplateRenderError(ChatTemplateError):
     rendered far more text than its messages (as opposed to rendering text that token-level training cannot
     use)."""
 
-    def __init__(self, message: str, *, timed_out: bool = False):
+    def __init__(self, message: str, *, timed_out: bool = False, refused: bool = False):
         super().__init__(message)
         self.timed_out = timed_out
+        #: Refused unrendered: it holds an operation the deadline cannot interrupt (:func:`uninterruptible`).
+        self.refused = refused
+
+    @property
+    def rendering_again_may_hang(self) -> bool:
+        """Whether rendering this template again (TRL's training-variant check does) could hang: it timed out, or
+        was refused for an operation that cannot be interrupted."""
+        return self.timed_out or self.refused
 
 
 class TemplateDeadline(BaseException):
@@ -70,61 +82,83 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> bool:
 
 
 class _Watchdog:
-    """One daemon thread that raises :class:`TemplateDeadline` in threads whose deadline passed."""
+    """One daemon thread that raises :class:`TemplateDeadline` in threads whose deadline passed.
+
+    A rendering thread never takes a lock here. The exception can land at any bytecode boundary of the rendering
+    thread, the moment right after a lock acquisition included: a render that ended just as its deadline fired,
+    and then waited in ``disarm`` for a lock the watchdog held while firing, got the exception inside
+    ``Condition.__enter__`` with the lock taken, so the watchdog blocked for ever (no later render had a
+    deadline) and every other thread's next render hung in ``arm``. Instead, a token is handed over through
+    ``dict.pop``, which is atomic: whoever pops it (``disarm`` at the end of the render, or the watchdog at the
+    deadline) owns it, and the watchdog wakes early through a lock that renders only *release*."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
         self._due: dict[int, tuple[float, int]] = {}  # token -> (monotonic deadline, thread id)
-        self._fired: set[int] = set()
-        self._tokens = 0
+        self._fired: set[int] = set()  # tokens whose exception the watchdog has set
+        self._tokens = itertools.count(1)
+        self._start = threading.Lock()  # only for starting the thread (no deadline is armed in a thread then)
+        self._wake = (
+            threading.Lock()
+        )  # held by the watchdog while it sleeps; arm() releases it to wake it early
         self._owner: int | None = None  # the pid whose thread runs (a forked child starts its own)
         self._wake_at = 0.0  # when the thread wakes next: an earlier deadline must wake it
 
     def _ensure_thread(self) -> None:
-        if self._owner != os.getpid():
-            self._owner = os.getpid()
-            threading.Thread(target=self._run, name="llm-gym template deadline", daemon=True).start()
+        if self._owner == os.getpid():
+            return
+        with self._start:
+            if self._owner != os.getpid():
+                self._wake = threading.Lock()
+                self._wake.acquire()
+                threading.Thread(
+                    target=self._run, args=(self._wake,), name="llm-gym template deadline", daemon=True
+                ).start()
+                self._owner = os.getpid()
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's thread is gone and its lock may have been held; start afresh."""
-        self._cond = threading.Condition()
+        """In a forked child: the parent's thread is gone and its locks may have been held; start afresh."""
+        self._start = threading.Lock()
         self._due.clear()
         self._fired.clear()
         self._owner = None
         self._wake_at = 0.0
 
     def arm(self, seconds: float) -> int:
-        with self._cond:
-            self._ensure_thread()
-            self._tokens += 1
-            due = time.monotonic() + seconds
-            self._due[self._tokens] = (due, threading.get_ident())
-            if due < self._wake_at:  # rare (short deadlines): waking the thread on every render costs ~20%
-                self._cond.notify()
-            return self._tokens
+        self._ensure_thread()
+        token = next(self._tokens)
+        due = time.monotonic() + seconds
+        self._due[token] = (due, threading.get_ident())
+        if due < self._wake_at:  # rare (short deadlines): waking the thread on every render would cost more
+            with contextlib.suppress(RuntimeError):  # already released: the thread is about to run anyway
+                self._wake.release()
+        return token
 
     def disarm(self, token: int) -> None:
-        with self._cond:
-            self._due.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                # fired but perhaps not delivered yet: never let it land after the render is over
-                _set_async_exc(threading.get_ident(), None)
+        if self._due.pop(token, None) is not None:
+            return  # the render ended first: the watchdog never fires a token it did not pop
+        # The watchdog popped it: its exception is set, or about to be. Wait until it is set, then withdraw it
+        # if it has not landed yet (if it lands during the wait, it propagates from here: no lock is held).
+        while token not in self._fired:
+            time.sleep(0.0002)
+        self._fired.discard(token)
+        _set_async_exc(threading.get_ident(), None)
 
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                for token, (deadline, thread_id) in list(self._due.items()):
-                    if deadline <= now:
-                        del self._due[token]
-                        self._fired.add(token)
-                        _set_async_exc(thread_id, TemplateDeadline)
-                # sleep until the earliest deadline, and at most a second, so a render armed meanwhile with a
-                # deadline of a second or more needs no wake-up call
-                self._wake_at = min((d for d, _ in self._due.values()), default=now + _POLL_S)
-                self._wake_at = min(self._wake_at, now + _POLL_S)
-                self._cond.wait(max(self._wake_at - now, 0.0))
+    def _earliest(self, now: float) -> float:
+        return min([d for d, _ in list(self._due.values())] + [now + _POLL_S])
+
+    def _run(self, wake: threading.Lock) -> None:
+        while True:
+            now = time.monotonic()
+            for token, (deadline, thread_id) in list(self._due.items()):
+                if deadline <= now and self._due.pop(token, None) is not None:
+                    _set_async_exc(thread_id, TemplateDeadline)
+                    self._fired.add(token)
+            # sleep until the earliest deadline, and at most a second, so a render armed meanwhile with a
+            # deadline of a second or more needs no wake-up call; a render armed between the two reads below
+            # sees the new wake-up time (and wakes the thread) or is seen by the second read
+            self._wake_at = self._earliest(now)
+            self._wake_at = min(self._wake_at, self._earliest(now))
+            wake.acquire(timeout=max(self._wake_at - time.monotonic(), 0.0))
 
 
 _WATCHDOG = _Watchdog()
@@ -167,6 +201,7 @@ def render_chat_template(
     """``tokenizer.apply_chat_template(messages, tokenize=False, ...)`` with a deadline and a size bound; any
     failure of the template is a :class:`ChatTemplateError` naming what it raised."""
     seconds = TEMPLATE_DEADLINE_S if deadline_s is None else deadline_s
+    _refuse_uninterruptible(tokenizer, chat_template)
     kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
@@ -193,6 +228,37 @@ def render_chat_template(
     return text
 
 
+@functools.lru_cache(maxsize=8)
+def uninterruptible(source: str) -> str | None:
+    """What in template ``source`` the deadline cannot stop, or None. The deadline interrupts a template between two
+    Python bytecodes; one operation in C runs to its end first. The power operator is the one such operation that
+    chat templates never need and that costs hours for a few characters: ``{{ 7 ** 999999999 }}`` computes a
+    350-million-bit integer (Jinja even folds it while compiling), about 30 s for ``7 ** 16000000`` alone."""
+    from jinja2 import Environment
+    from jinja2.exceptions import TemplateSyntaxError
+
+    try:
+        if any(kind == "operator" and value == "**" for _, kind, value in Environment().lex(source)):
+            return "the power operator `**`"
+    except TemplateSyntaxError:  # transformers reports it when it compiles the template
+        return None
+    return None
+
+
+def _refuse_uninterruptible(tokenizer: Any, chat_template: str | None) -> None:
+    get = getattr(tokenizer, "get_chat_template", None)
+    try:
+        source = get(chat_template) if get is not None else chat_template
+    except Exception:  # noqa: BLE001 - no template, or an unknown name: apply_chat_template says so
+        return
+    if isinstance(source, str) and (what := uninterruptible(source)) is not None:
+        raise TemplateRenderError(
+            f"the chat template uses {what}, which can run for hours in one step that the {TEMPLATE_DEADLINE_S:g} s "
+            "deadline cannot interrupt; refused unrendered",
+            refused=True,
+        )
+
+
 def _short(e: BaseException, limit: int = 300) -> str:
     try:
         text = " ".join(str(e).split())
@@ -210,4 +276,5 @@ __all__ = [
     "deadline",
     "max_rendered_chars",
     "render_chat_template",
+    "uninterruptible",
 ]

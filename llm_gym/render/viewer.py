@@ -116,6 +116,7 @@ def load_episode(record: EpisodeRecord, env_kwargs: dict | None = None) -> Episo
     shown as text cards, also drawn on demand.
 
     ``env_kwargs`` come from the user and override the record's (see ``replay_env_args``)."""
+    from llm_gym.agent.records import cut_note
     from llm_gym.render.card import draw_text_card
     from llm_gym.render.replay import ReplayCursor
     from llm_gym.render.scene import to_array
@@ -131,7 +132,7 @@ def load_episode(record: EpisodeRecord, env_kwargs: dict | None = None) -> Episo
         return EpisodeFrames(
             CachedFrames(len(record.turns) + 1, card), f"cannot replay ({type(e).__name__}): {e}"
         )
-    problem = None if cursor.mismatch is None else f"replay mismatch at {cursor.mismatch}"
+    problem = None if cursor.mismatch is None else f"replay mismatch at {cursor.mismatch}{cut_note(record)}"
     frames = CachedFrames(len(cursor), cursor.draw, draw_range=cursor.draw_range, close=cursor.close)
     return EpisodeFrames(frames, problem)
 
