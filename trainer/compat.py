@@ -56,7 +56,7 @@ OVERRIDES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: Private attributes of a ``GRPOTrainer`` instance used below (set in ``GRPOTrainer.__init__``).
 TRAINER_ATTRIBUTES = ("_metrics", "_step", "_buffered_inputs", "_dist")
 #: Private methods of ``GRPOTrainer`` / ``Trainer`` called below.
-TRAINER_METHODS = ("_get_per_token_logps_and_entropies", "_get_output_dir")
+TRAINER_METHODS = ("_get_per_token_logps_and_entropies", "_get_output_dir", "_load_from_checkpoint")
 #: Private attribute of a transformers ``PreTrainedModel`` used below.
 MODEL_ATTRIBUTES = ("_keys_to_ignore_on_save",)
 
@@ -117,6 +117,12 @@ def run_output_dir(trainer: Any, trial: Any) -> str:
     return trainer._get_output_dir(trial=trial)
 
 
+def load_checkpoint(trainer: Any, folder: str) -> None:
+    """Load a checkpoint folder's weights into the trainer's model, whatever its layout (full, sharded, PEFT
+    adapter); through a subclass's override, its own state too (``Trainer._load_from_checkpoint``)."""
+    trainer._load_from_checkpoint(folder)
+
+
 # ------------------------------------------------------------------------------------------ models
 def ignore_on_save(model: Any, names: set[str]) -> None:
     """Keep the weights ``names`` (e.g. a value head) out of ``save_pretrained``'s output
@@ -133,6 +139,7 @@ __all__ = [
     "buffered_inputs",
     "distributed_backend",
     "ignore_on_save",
+    "load_checkpoint",
     "metrics",
     "micro_step",
     "overrides",

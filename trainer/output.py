@@ -335,12 +335,12 @@ def load_finished_checkpoint(
     (step, log history) and its weights (and, through our trainer's loader, its signal state), so the final
     evaluation and ``final/`` are the trained model's. ``Trainer.train`` would run one step more first: it checks
     ``max_steps`` only after a step."""
+    from llm_gym.trainer import compat
     from transformers import TrainerState
 
     folder = Path(checkpoint)
     trainer.state = TrainerState.load_from_json(str(folder / "trainer_state.json"))
-    # transformers' loader for every checkpoint layout (full, sharded, PEFT adapter); no public equivalent
-    trainer._load_from_checkpoint(str(folder))
+    compat.load_checkpoint(trainer, str(folder))  # no public equivalent in transformers
     log(
         f"llmgym-train: {folder.name} is at step {trainer.state.global_step} of max_steps "
         f"{trainer.args.max_steps}: no step left to train; running the final evaluation and saving the model"
