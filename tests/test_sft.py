@@ -15,10 +15,12 @@ pytest.importorskip("trl")
 from llm_gym.trainer.sft import (  # noqa: E402
     DataError,
     build_dataset,
+    check_rows,
     check_seeds,
     data_settings,
     load_rows,
     row_conversation,
+    seed_ranges,
     tokenize_conversation,
 )
 
@@ -131,6 +133,13 @@ def test_random_rows_replay_and_mix_counts():
     assert all(r["success"] for r in rows if r["policy"] == "expert")
     assert not all(r["success"] for r in rows if r["policy"] == "random-valid")  # chance: some fail
     assert verify_rows(rows, env_kwargs=FL_KW) == []
+    # the metadata records each policy's seeds exactly: disjoint, and together every kept seed
+    recorded = data_settings(rows)["policy_seeds"]
+    assert set(recorded) == {"expert", "random-valid"}
+    seeds = {p: {s for a, b in runs for s in range(a, b + 1)} for p, runs in recorded.items()}
+    assert seeds["random-valid"] == set(range(40)) - by_expert
+    assert seeds["expert"] == {r["seed"] for r in rows if r["policy"] == "expert"}
+    assert not seeds["expert"] & seeds["random-valid"]
     again = export_episodes(FL, range(40), env_kwargs=FL_KW, expert_fraction=0.25).rows
     assert again == rows  # deterministic
     with pytest.raises(ValueError, match="expert_fraction"):
@@ -154,6 +163,30 @@ def test_rows_that_differ_in_chat_are_refused():
         data_settings(a + b)
     s = data_settings(a)
     assert s["env"] == FL and s["env_kwargs"] == FL_KW and s["chat"]["one_shot_example"] is False
+
+
+def test_seed_ranges_are_exact_runs():
+    assert seed_ranges([]) == []
+    assert seed_ranges([5, 3, 4, 9, 9, 11, 10, 0]) == [[0, 0], [3, 5], [9, 11]]
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("chat", {"chat_style": "llmgym"}, "'chat' must be a string"),  # unhashable: was a TypeError
+        ("env_id", ["llmgym/Bandit-v0"], "'env_id' must be a string"),
+        ("env_kwargs", {"size": 3}, "'env_kwargs' must be a string"),
+        ("chat", json.dumps({"chat_style": "evil"}), "style must be one of"),
+        ("chat", json.dumps({"one_shot_example": "yes"}), "'one_shot_example' has the wrong type"),
+        ("chat", json.dumps({"demonstration": 3}), "'demonstration' has the wrong type"),
+        ("messages", [{"role": "user", "content": "a"}], "must alternate"),
+    ],
+)
+def test_rows_with_wrong_field_types_are_a_data_error(field, value, match):
+    (row,) = export_episodes(FL, [300], env_kwargs=FL_KW).rows
+    check_rows([row])
+    with pytest.raises(DataError, match=match):
+        check_rows([{**row, field: value}])
 
 
 _json = st.recursive(
@@ -188,6 +221,25 @@ def test_untrusted_rows_are_a_data_error_or_a_valid_conversation(messages, num_t
     assert 1 <= trained <= len(body) // 2
 
 
+_row = st.dictionaries(
+    st.sampled_from(["messages", "seed", "chat", "env_id", "env_kwargs", "policy", "num_turns"]),
+    _json,
+    max_size=7,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(_row | _json, min_size=1, max_size=3))
+def test_untrusted_rows_are_a_data_error_or_settings(rows):
+    try:
+        settings = check_rows(rows)
+        check_seeds(rows, range(0, 3))
+    except DataError as e:
+        assert "\n" not in str(e)
+        return
+    assert settings["rows"] == len(rows)
+
+
 def test_load_rows_jsonl_and_datasets_folder(tmp_path):
     from datasets import Dataset
 
@@ -204,6 +256,31 @@ def test_load_rows_jsonl_and_datasets_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="not a datasets folder"):
         load_rows(tmp_path / "empty")
+    from datasets import DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "splits"))
+    with pytest.raises(DataError, match="several splits"):
+        load_rows(tmp_path / "splits")
+
+
+def test_load_rows_bounds_the_data_it_reads(tmp_path, monkeypatch):
+    import llm_gym.trainer.sft as sft
+    from datasets import Dataset
+
+    rows = export_episodes(FL, range(3), env_kwargs=FL_KW).rows
+    write_jsonl(rows, tmp_path / "d.jsonl")
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
+    monkeypatch.setattr(sft, "MAX_DATA_BYTES", 1000)
+    with pytest.raises(DataError, match="bytes, more than the 1000"):
+        load_rows(tmp_path / "d.jsonl")
+    with pytest.raises(DataError, match="bytes of data, more than 1000"):
+        load_rows(tmp_path / "hf")
+    monkeypatch.setattr(sft, "MAX_DATA_BYTES", 10**9)
+    monkeypatch.setattr(sft, "MAX_ROWS", 2)
+    with pytest.raises(DataError, match="more than 2 rows"):
+        load_rows(tmp_path / "d.jsonl")
+    with pytest.raises(DataError, match="3 rows, more than the 2"):
+        load_rows(tmp_path / "hf")
 
 
 def test_trainer_labels_are_the_assistant_mask(tiny_dir, tmp_path):
@@ -260,6 +337,12 @@ def test_llmgym_sft_end_to_end_moves_weights_and_output_is_a_model(tiny_dir, tmp
 
     assert summary["tokens_per_second"] > 0
     assert summary["data"]["policies"] == dict(Counter(r["policy"] for r in rows))
+    recorded = {
+        p: [s for a, b in runs for s in range(a, b + 1)]
+        for p, runs in summary["data"]["policy_seeds"].items()
+    }
+    assert recorded == {p: sorted(r["seed"] for r in rows if r["policy"] == p) for p in recorded}
+    assert summary["eval_seeds_checked"] == [123, 186]
     run = json.loads((out / "final" / "llmgym_run.json").read_text())
     assert run["env"] == FL and run["env_kwargs"] == FL_KW and run["include_instructions"] is False
     assert "llmgym-sft: 2 steps" in capsys.readouterr().out
@@ -285,6 +368,17 @@ def test_llmgym_sft_refuses_evaluation_seeds_before_loading(tiny_dir, tmp_path, 
     assert "evaluation seeds" in capsys.readouterr().err and not out.exists()
     assert _sft(["--model", tiny_dir, "--output_dir", str(out)]) == 2
     assert "--data is required" in capsys.readouterr().err
+    # a malformed row anywhere in the data: a one-line error before the model loads or the folder is made
+    rows = export_episodes(FL, range(300, 303), env_kwargs=FL_KW).rows
+    rows[2]["messages"] = [{"role": "assistant", "content": "Left"}]
+    write_jsonl(rows, data)
+    assert _sft(["--model", tiny_dir, "--data", str(data), "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "row 2:" in err and "must alternate" in err and not out.exists()
+    data.write_text('{"messages": [' * 5000 + "\n")
+    assert _sft(["--model", tiny_dir, "--data", str(data), "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.jsonl:1" in err and not out.exists()
 
 
 def test_llmgym_sft_lora_adapter_and_merged(tiny_dir, tmp_path):

@@ -46,6 +46,9 @@ from llm_gym.core.checks import is_int
 MAX_ROWS = 1_000_000
 #: Most characters of message content in one row.
 MAX_ROW_CHARS = 2_000_000
+#: Largest data set read, in bytes (the JSONL file, or the Arrow tables of a datasets folder): a warm start's
+#: hundreds of episodes take a few MB, and the rows are held in memory.
+MAX_DATA_BYTES = 512 * 1024**2
 #: Written into output_dir and output_dir/final: the data, settings and speed of the run.
 SFT_FILE = "llmgym_sft.json"
 _ROLES = ("system", "user", "assistant")
@@ -61,17 +64,27 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         try:
-            from datasets import load_from_disk
+            from datasets import Dataset, load_from_disk
 
             data = load_from_disk(str(p))
         except Exception as e:  # noqa: BLE001 - any unreadable folder gets the same one-line explanation
             raise DataError(f"{p}: not a datasets folder written by save_to_disk ({e})") from None
+        if not isinstance(data, Dataset):  # a DatasetDict (splits): which split is meant is not ours to guess
+            raise DataError(
+                f"{p}: a folder of several splits; save the one split to train on (llmgym export)"
+            )
         if len(data) > MAX_ROWS:
             raise DataError(f"{p}: {len(data)} rows, more than the {MAX_ROWS} a warm start reads")
+        if data.data.nbytes > MAX_DATA_BYTES:  # memory-mapped until the rows are read into memory below
+            raise DataError(f"{p}: {data.data.nbytes} bytes of data, more than {MAX_DATA_BYTES}")
         rows = [dict(r) for r in data]
     elif p.is_file():
         from llm_gym.agent.export import read_jsonl
 
+        if p.stat().st_size > MAX_DATA_BYTES:
+            raise DataError(
+                f"{p}: {p.stat().st_size} bytes, more than the {MAX_DATA_BYTES} a warm start reads"
+            )
         rows = []
         for row in read_jsonl(p):  # bounded lines; a bad line is a ValueError naming it
             rows.append(row)
@@ -119,6 +132,25 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
     return out, trained
 
 
+def check_rows(rows: Sequence[Any]) -> dict[str, Any]:
+    """Validate every row (:func:`row_conversation`) and what the rows share (:func:`data_settings`, returned),
+    so that bad data stops a run before any model loads."""
+    for n, row in enumerate(rows):
+        row_conversation(row, n)
+    return data_settings(rows)
+
+
+def seed_ranges(seeds: Iterable[int]) -> list[list[int]]:
+    """``seeds`` as sorted ``[first, last]`` runs of consecutive integers (a compact, exact record)."""
+    out: list[list[int]] = []
+    for s in sorted(set(seeds)):
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return out
+
+
 def data_seeds(rows: Iterable[Mapping[str, Any]]) -> list[int]:
     """The seeds the rows were played on (rows without an integer ``seed`` are left out)."""
     return sorted({r["seed"] for r in rows if is_int(r.get("seed"), numpy=False)})
@@ -153,9 +185,20 @@ def _one(values: set[Any]) -> Any:
 def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What the rows share: ``env`` and ``env_kwargs`` (None unless every row names the same), the ``chat``
     settings they were rendered with (config names; :class:`DataError` when rows differ, since one model cannot
-    be shown two chats), the policies and seeds."""
-    from llm_gym.agent.chat import CHAT_SETTINGS
+    be shown two chats, or when they are not valid settings), the policies and seeds (``policy_seeds``: each
+    policy's seeds as ``[first, last]`` runs)."""
+    from llm_gym.agent.chat import CHAT_SETTINGS, ChatFormat, chat_format_from_settings
 
+    for n, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise DataError(f"row {n}: a row must be a JSON object")
+        for name in (
+            "env_id",
+            "env_kwargs",
+            "chat",
+        ):  # llmgym export writes text (JSON text for the last two)
+            if not isinstance(r.get(name), (str, type(None))):
+                raise DataError(f"row {n}: {name!r} must be a string, as llmgym export writes it")
     chats = {r.get("chat") for r in rows}
     if len(chats) > 1:
         raise DataError(
@@ -171,21 +214,38 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not isinstance(parsed, dict):
             raise DataError("the rows' 'chat' is not a JSON object")
         chat = {k: v for k, v in parsed.items() if k in CHAT_SETTINGS}
+        defaults = ChatFormat()
+        for k, v in chat.items():  # the types ChatFormat holds; then its own checks of the values
+            if not isinstance(v, type(getattr(defaults, CHAT_SETTINGS[k]))):
+                raise DataError(f"the rows' chat setting {k!r} has the wrong type ({type(v).__name__})")
+        try:
+            chat_format_from_settings(chat)
+        except ValueError as e:
+            raise DataError(f"the rows' chat settings: {e}") from None
     env, kwargs_text = _one({r.get("env_id") for r in rows}), _one({r.get("env_kwargs") for r in rows})
     try:
         env_kwargs = json.loads(kwargs_text) if isinstance(kwargs_text, str) else None
     except ValueError:
         env_kwargs = None
     seeds = data_seeds(rows)
+    by_policy: dict[str, list[int]] = {}
+    for r in rows:
+        if is_int(r.get("seed"), numpy=False):
+            by_policy.setdefault(_policy(r), []).append(r["seed"])
     return {
         "env": env if isinstance(env, str) else None,
         "env_kwargs": env_kwargs if isinstance(env_kwargs, dict) else None,
         "chat": chat,
         "rows": len(rows),
-        "policies": dict(Counter(str(r.get("policy", r.get("expert", "unknown"))) for r in rows)),
+        "policies": dict(Counter(_policy(r) for r in rows)),
         "seeds": [seeds[0], seeds[-1]] if seeds else None,
         "num_seeds": len(seeds),
+        "policy_seeds": {p: seed_ranges(s) for p, s in sorted(by_policy.items())},
     }
+
+
+def _policy(row: Mapping[str, Any]) -> str:
+    return str(row.get("policy", row.get("expert", "unknown")))[:100]
 
 
 @functools.lru_cache(maxsize=64)
@@ -515,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, opts = build_parser().parse_args_into_dataclasses([*argv, *cpu_arguments(argv, has_gpu())])
         check_model(opts.model)
         rows = load_rows(config.data)
-        data_settings(rows)  # rows that cannot share one chat fail before the model loads
+        check_rows(rows)  # malformed rows, or rows that cannot share one chat, fail before the model loads
         check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
         lock = OutputLock(config.output_dir, "SFT run").acquire()
         prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
