@@ -50,11 +50,20 @@ def test_warm_start_then_rl_reports_three_evaluations(tiny_dir, tmp_path, capsys
             "--warm_start_learning_rate", "1e-2"]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
-    for label in ("base model", "warm start", "after RL"):
-        assert f"llmgym-train: {label:<10} (3 seeds): success" in text
-    assert "baselines on the same seeds and limits: random valid" in text and "best constant (always" in text
     report = json.loads((out / "eval_report.json").read_text())
     ws = report["warm_start"]
+    from llm_gym.agent.baselines import format_outcomes, format_rate
+
+    # each evaluation printed with its Wilson intervals, the three baselines on the same line below them
+    for label, key in (("base model", "base"), ("warm start", "warm_start"), ("after RL", "after_rl")):
+        assert f"llmgym-train: {label:<10} (3 seeds): {format_outcomes(ws[key])}" in text
+    best = max(report["constant_actions"].items(), key=lambda kv: kv[1]["rate"])
+    baselines = (
+        f"baselines on the same seeds and limits: random valid {format_rate(report['baseline']['random'])}, "
+        f"best constant (always {best[0]}) {format_rate(best[1])}, optimum {format_rate(report['baseline']['optimum'])}"
+    )
+    assert baselines in text and "[0.0" in baselines
+    assert ws["warm_start"] == report["evals"][0] and ws["after_rl"] == report["evals"][-1]
     assert (
         ws["base"]["success"]["n"] == ws["warm_start"]["success"]["n"] == ws["after_rl"]["success"]["n"] == 3
     )
@@ -95,8 +104,41 @@ def test_warm_start_data_on_evaluation_seeds_is_refused_before_loading(tiny_dir,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "evaluation seeds (123, 124, 125" in err and not (out / "warm_start").exists()
+    # a malformed row: refused before the base evaluation or any model
+    bad = tmp_path / "bad.jsonl"
+    rows = export_episodes("llmgym/CoordFrozenLake-v0", range(300, 302), env_kwargs=kwargs).rows
+    write_jsonl([rows[0], {**rows[1], "messages": [{"role": "user", "content": "x"}]}], bad)
+    argv[argv.index(str(data))] = str(bad)
+    assert main([*argv, "--overwrite_output_dir"]) == 2
+    err = capsys.readouterr().err
+    assert "--warm_start: row 1:" in err and not (out / "warm_start").exists()
     other = tmp_path / "bandit.jsonl"
     write_jsonl(export_episodes("llmgym/Bandit-v0", range(300, 302)).rows, other)
-    argv[argv.index(str(data))] = str(other)
+    argv[argv.index(str(bad))] = str(other)
     assert main([*argv, "--overwrite_output_dir"]) == 2
     assert "warm-start data is for llmgym/Bandit-v0" in capsys.readouterr().err
+
+
+def test_data_in_another_chat_than_the_run_is_named():
+    from llm_gym.trainer.warm_start import chat_differences
+
+    from llm_gym.agent.chat import ChatFormat
+
+    kwargs = {"success_rate": 1.0, "size": 3, "max_turns": 2, "max_actions_per_turn": 1, "max_actions": 2}
+    config, _ = resolve_config([*FL, "--one_shot_example", "False", "--demonstration", "solver"], gpu=False)
+    same = export_episodes("llmgym/CoordFrozenLake-v0", [300], env_kwargs=kwargs).rows
+    assert (
+        chat_differences(config, same) == []
+    )  # no demonstration shown: what it would answer does not matter
+    shown = export_episodes(
+        "llmgym/CoordFrozenLake-v0",
+        [300],
+        env_kwargs=kwargs,
+        chat=ChatFormat(one_shot=True, include_instructions=False),
+    ).rows
+    assert chat_differences(config, shown) == [
+        "include_instructions (data False, run True)",
+        "one_shot_example (data True, run False)",
+        "demonstration (data 'action', run 'solver')",
+    ]
+    assert chat_differences(config, [{k: v for k, v in same[0].items() if k != "chat"}]) == []

@@ -115,15 +115,33 @@ def warm_start_rows(config: Any) -> tuple[list[dict[str, Any]], str]:
 
 
 def check_rows(config: Any, rows: Sequence[dict[str, Any]]) -> None:
-    """Refuse data from another environment, or played on the run's evaluation seeds (``DataError``)."""
-    from llm_gym.trainer.sft import DataError, check_seeds, data_settings
+    """Refuse malformed rows, data from another environment, or played on the run's evaluation seeds
+    (``DataError``)."""
+    from llm_gym.trainer.sft import DataError, check_seeds
+    from llm_gym.trainer.sft import check_rows as check_data
 
-    settings = data_settings(rows)
+    settings = check_data(rows)
     if settings["env"] != config.env:
         raise DataError(
             f"the warm-start data is for {settings['env'] or 'several environments'}, not {config.env}"
         )
     check_seeds(rows, eval_seeds(config))
+
+
+def chat_differences(config: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The chat settings (config names) in which the rows, as rendered, differ from the run's: a warm start on
+    them learns a chat that RL and the evaluations do not show. Empty when the rows record no chat."""
+    from llm_gym.trainer.sft import data_settings
+
+    from llm_gym.agent.chat import CHAT_SETTINGS, chat_format_from_settings, chat_settings
+
+    recorded = data_settings(rows)["chat"]
+    if not recorded:
+        return []
+    data, run = chat_settings(chat_format_from_settings(recorded)), chat_settings(config.chat_format())
+    if not data["one_shot_example"] and not run["one_shot_example"]:
+        data["demonstration"] = run["demonstration"]  # no demonstration shown: what it would answer is moot
+    return [f"{k} (data {data[k]!r}, run {run[k]!r})" for k in CHAT_SETTINGS if data[k] != run[k]]
 
 
 def eval_seeds(config: Any) -> range:
@@ -195,6 +213,12 @@ def run_with_warm_start(
     except (DataError, ValueError) as e:
         print(f"llmgym-train: error: --warm_start: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    differ = chat_differences(config, rows)
+    if differ:
+        log(
+            "llmgym-train: warning: --warm_start: the data was rendered in another chat than this run's: "
+            f"{'; '.join(differ)}; the warm start learns a chat that RL and the evaluations do not show"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "data.jsonl"
     base_file = folder / BASE_EVAL_FILE
