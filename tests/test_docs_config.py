@@ -55,7 +55,10 @@ def test_every_group_is_shown_on_a_page():
     pages = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.rglob("*.md"))
     assert "<!-- config-groups -->" in pages
     shown = {item for m in re.findall(r"<!--\s*config-table:\s*([\w ]+?)\s*-->", pages) for item in m.split()}
-    groups = set(_hook().config_groups()) - {"LoRAArguments", "LLMGymGRPOConfig"}  # LLMGymSFTConfig: warm start
+    groups = set(_hook().config_groups()) - {
+        "LoRAArguments",
+        "LLMGymGRPOConfig",
+    }  # LLMGymSFTConfig: warm start
     assert groups <= shown, f"no config-table marker for {sorted(groups - shown)}"
 
 

@@ -91,9 +91,7 @@ def config_groups() -> dict[str, list[FieldDoc]]:
     names = _constants()
     out: dict[str, list[FieldDoc]] = {}
     for node in ast.parse((TRAINER / "config.py").read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ClassDef) and (
-            node.name.endswith("Arguments") or node.name in CONFIGS
-        ):
+        if isinstance(node, ast.ClassDef) and (node.name.endswith("Arguments") or node.name in CONFIGS):
             fields = [f for f in (_field(s, names) for s in node.body) if f is not None]
             if fields:  # SignalArguments only bundles other groups
                 out[node.name] = fields
