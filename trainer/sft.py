@@ -6,7 +6,7 @@ The data is ``llmgym export`` output (a JSONL file of chat rows or a ``datasets`
 
 **The loss mask.** TRL's ``assistant_only_loss`` needs ``{% generation %}`` markers in the chat template, and
 SmolLM2's template (like most) has none; TRL 1.16 ships no training variant for it. So the rows are tokenised
-here, by the same token-exact construction as the RL rollouts (:class:`~llm_gym.trainer.rollouts.
+here, by the same token-exact construction as the RL rollouts (:class:`~llm_gym.trainer.chat_templates.
 ChatTemplateTokens`): the prompt is the chat up to the first trained reply rendered with the generation prompt;
 each reply is its own tokens plus the template's end-of-turn token (loss on both, so the model learns to stop);
 the tokens between two replies are the difference of the template rendered with and without the next turn (no
