@@ -229,6 +229,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         env_id = resolve_env_id(args.env)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.expert_fraction is not None and args.policy == "random":  # a mix is what --expert_fraction asks
+        raise UsageError("--expert_fraction mixes expert and random episodes; leave out --policy random")
     fraction = (
         {"expert": 1.0, "random": 0.0}[args.policy] if args.expert_fraction is None else args.expert_fraction
     )

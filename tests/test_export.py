@@ -174,6 +174,35 @@ def test_cli_export_verify_and_check(tmp_path, capsys):
     assert main(["export", "--out", str(out)]) == 2  # usage: no --env
 
 
+def test_cli_export_random_and_mixed_policies(tmp_path, capsys):
+    from llm_gym.agent.export import plays_expert
+
+    kw = ["--env", "FrozenLakeDeterministic", "--seed", "300", "--num_episodes", "12"]
+    out = tmp_path / "random.jsonl"
+    assert main(["export", *kw, "--policy", "random", "--out", str(out), "--verify"]) == 0
+    text = capsys.readouterr().out
+    assert "wrote 12 episode(s)" in text and "(12 random-valid; seeds 300..311)" in text
+    assert {r["policy"] for r in read_jsonl(out)} == {"random-valid"}
+    out = tmp_path / "mix.jsonl"
+    assert main(["export", *kw, "--expert_fraction", "0.5", "--out", str(out), "--verify"]) == 0
+    rows = list(read_jsonl(out))
+    expert = {r["seed"] for r in rows if r["policy"] == "expert"}
+    random = {r["seed"] for r in rows if r["policy"] == "random-valid"}
+    # each seed played by one policy, chosen per seed (plays_expert); the solver solves every deterministic board
+    assert (
+        expert == {s for s in range(300, 312) if plays_expert(s, 0.5)}
+        and random == set(range(300, 312)) - expert
+    )
+    assert expert and random and "every row replays exactly" in capsys.readouterr().out
+    for bad in (
+        ["--expert_fraction", "1.5"],
+        ["--expert_fraction", "nan"],
+        ["--policy", "random", "--expert_fraction", "0.5"],
+    ):
+        assert main(["export", *kw, *bad, "--out", str(tmp_path / "x.jsonl")]) == 2
+        assert "--expert_fraction" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
+
+
 def test_cli_export_hf_format(tmp_path, capsys):
     pytest.importorskip("datasets")
     out = tmp_path / "ds"
