@@ -292,6 +292,8 @@ def test_trainer_labels_are_the_assistant_mask(tiny_dir, tmp_path):
 
     model, tok = load_model_and_tokenizer(tiny_dir, dtype="float32")
     rows = export_episodes(FL, range(4), env_kwargs=FL_KW).rows
+    rows += export_episodes(FL, range(4, 8), env_kwargs=FL_KW, chat=ChatFormat(one_shot=True)).rows
+    assert any(r["num_turns"] > 1 for r in rows)  # multi-turn: observations between replies are masked too
     dataset, stats = build_dataset(rows, ChatTemplateTokens(tok))
     assert stats["rows"] == len(rows) and 0 < stats["trained_tokens"] < stats["tokens"]
     args = LLMGymSFTConfig(output_dir=str(tmp_path), data="x", use_cpu=True, bf16=False, max_steps=1)
@@ -393,11 +395,19 @@ def test_llmgym_sft_lora_adapter_and_merged(tiny_dir, tmp_path):
     assert not (merged / "adapter_config.json").exists()
     before, after = _weights(tiny_dir), _weights(merged)
     assert set(before) == set(after) and any(not (before[k] == after[k]).all() for k in before)
+    import torch
     from llm_gym.trainer.models import load_model_and_tokenizer
 
-    for folder in (tmp_path / "lora" / "final", merged):  # both load as a model (adapter on its base)
+    # both load as a model (the adapter on its base) and compute the same function, which is not the base's:
+    # the same seed and data trained both, so the merged weights are the base plus the adapter
+    ids = torch.tensor([list(range(3, 40))])
+    logits = {}
+    for name, folder in (("base", tiny_dir), ("lora", tmp_path / "lora" / "final"), ("merged", merged)):
         model, _ = load_model_and_tokenizer(str(folder), dtype="float32")
-        assert model is not None
+        with torch.no_grad():
+            logits[name] = model(input_ids=ids).logits
+    assert torch.allclose(logits["lora"], logits["merged"], atol=1e-4)
+    assert not torch.allclose(logits["lora"], logits["base"], atol=1e-4)
 
 
 def test_sft_speed_benchmark_quick_mode():
