@@ -142,3 +142,31 @@ def test_data_in_another_chat_than_the_run_is_named():
         "demonstration (data 'action', run 'solver')",
     ]
     assert chat_differences(config, [{k: v for k, v in same[0].items() if k != "chat"}]) == []
+
+
+def test_a_resumed_run_reuses_the_base_evaluation_only_with_the_same_settings(tmp_path, monkeypatch):
+    from llm_gym.trainer import warm_start
+
+    calls = []
+
+    def fake_eval(model, env, seeds, **kw):
+        calls.append(kw["temperature"])
+        return {"success": {"rate": 0.25 * len(calls)}}
+
+    monkeypatch.setattr(warm_start, "evaluate_model", fake_eval)
+    lines: list[str] = []
+
+    def base(*extra):
+        config, _ = resolve_config([*FL, *QUIET, "--output_dir", str(tmp_path / "o"), *extra], gpu=False)
+        return warm_start.base_evaluation(config, "m", [1, 2, 3], tmp_path, lines.append)
+
+    first = base("--eval_temperature", "0.5")
+    assert base("--eval_temperature", "0.5") == first and len(calls) == 1  # same settings: reused
+    again = base(
+        "--eval_temperature", "0.9"
+    )  # another temperature: evaluated again, and saved as the new one
+    assert calls == [0.5, 0.9] and again != first and any("other settings" in s for s in lines)
+    assert base("--eval_temperature", "0.9") == again and len(calls) == 2
+    (tmp_path / warm_start.BASE_EVAL_SETTINGS_FILE).write_text("{not json")  # unreadable: evaluated again
+    base("--eval_temperature", "0.9")
+    assert len(calls) == 3

@@ -32,6 +32,7 @@ from typing import Any
 #: Subfolder of output_dir that holds the warm start (data, base evaluation, SFT run and its final model).
 WARM_START_DIR = "warm_start"
 BASE_EVAL_FILE = "base_eval.json"
+BASE_EVAL_SETTINGS_FILE = "base_eval_settings.json"  # what the saved base evaluation was run with
 
 
 def evaluate_model(
@@ -221,27 +222,10 @@ def run_with_warm_start(
         )
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "data.jsonl"
-    base_file = folder / BASE_EVAL_FILE
     seeds = eval_seeds(config)
     base = None
     if len(seeds) and config.eval_before_after:
-        if base_file.is_file():
-            base = json.loads(base_file.read_text(encoding="utf-8"))
-        else:
-            log(f"llmgym-train: evaluating the base model {meta['model']} on {len(seeds)} seeds")
-            base = evaluate_model(
-                str(meta["model"]),
-                config.env,
-                seeds,
-                env_kwargs=config.make_env_kwargs(),
-                chat=config.chat_format(),
-                temperature=config.eval_temperature,
-                max_new_tokens=config.max_new_tokens,
-                samples=int(config.num_generations_eval or 1),
-                dtype="bfloat16" if config.bf16 else "float32",
-                records_path=folder / "base_episodes.jsonl",
-            )
-            _write_json(base_file, base)
+        base = base_evaluation(config, str(meta["model"]), seeds, folder, log)
     if done:
         log(f"llmgym-train: reusing the warm start in {folder / 'final'}")
         sft = json.loads((folder / "final" / SFT_FILE).read_text(encoding="utf-8"))
@@ -314,10 +298,69 @@ def report_three(config: Any, base: dict[str, Any], sft: dict[str, Any], log=pri
     return report
 
 
+def base_evaluation(
+    config: Any, model: str, seeds: Sequence[int], folder: Path, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """The base model's evaluation on ``seeds``, saved in ``folder``; a resumed run reuses the saved one only when
+    everything it depends on (model, env and its kwargs, seeds, chat, sampling, precision) is unchanged."""
+    key = json.loads(
+        json.dumps(
+            {
+                "model": model,
+                "env": config.env,
+                "seeds": [int(s) for s in seeds],
+                "env_kwargs": config.make_env_kwargs(),
+                "chat": repr(config.chat_format()),
+                "temperature": config.eval_temperature,
+                "max_new_tokens": config.max_new_tokens,
+                "samples": int(config.num_generations_eval or 1),
+                "bf16": bool(config.bf16),
+            },
+            default=repr,
+        )
+    )
+    base_file, key_file = folder / BASE_EVAL_FILE, folder / BASE_EVAL_SETTINGS_FILE
+    if base_file.is_file():
+        if _read_json_or_none(key_file) == key:
+            return json.loads(base_file.read_text(encoding="utf-8"))
+        log("llmgym-train: --warm_start: the saved base evaluation used other settings: evaluating again")
+    log(f"llmgym-train: evaluating the base model {model} on {len(seeds)} seeds")
+    base = evaluate_model(
+        model,
+        config.env,
+        seeds,
+        env_kwargs=config.make_env_kwargs(),
+        chat=config.chat_format(),
+        temperature=config.eval_temperature,
+        max_new_tokens=config.max_new_tokens,
+        samples=int(config.num_generations_eval or 1),
+        dtype="bfloat16" if config.bf16 else "float32",
+        records_path=folder / "base_episodes.jsonl",
+    )
+    _write_json(base_file, base)
+    _write_json(key_file, key)
+    return base
+
+
+def _read_json_or_none(path: Path) -> Any:
+    """A small JSON file of ours, or None when it is missing or unreadable (then the caller recomputes)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def _write_json(path: Path, data: Any) -> None:
     from llm_gym.safe_io import atomic_write_text
 
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-__all__ = ["action_counts", "evaluate_model", "report_three", "run_with_warm_start", "warm_start_rows"]
+__all__ = [
+    "action_counts",
+    "base_evaluation",
+    "evaluate_model",
+    "report_three",
+    "run_with_warm_start",
+    "warm_start_rows",
+]
