@@ -598,7 +598,9 @@ def test_final_is_replaced_only_when_the_save_completed(tmp_path):
 
     acc = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     config = SimpleNamespace(output_dir=str(out), env="llmgym/Bandit-v0", make_env_kwargs=dict)
-    for name in ("chat_style", "system_prompt", "reward_feedback", "one_shot_example"):
+    from llm_gym.trainer.output import RUN_CHAT_FIELDS
+
+    for name in RUN_CHAT_FIELDS:
         setattr(config, name, None)
     failing = SimpleNamespace(accelerator=acc, save_model=lambda f: save_model(f, fail=True))
     with pytest.raises(OSError, match="No space"):

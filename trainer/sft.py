@@ -501,9 +501,10 @@ def _num(x: Any) -> str:
 def build_parser() -> Any:
     from llm_gym.trainer.config import LLMGymSFTConfig
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
 
     parser = HfArgumentParser(
-        LLMGymSFTConfig,
+        DataClassType(LLMGymSFTConfig),
         prog="llmgym-sft",
         description="Supervised fine-tuning (the warm start before RL) on llmgym export output, with the loss on "
         "the episodes' assistant turns only. output_dir/final is a valid --model for llmgym-train and llmgym-eval.",

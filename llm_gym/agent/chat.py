@@ -256,25 +256,34 @@ def _demo_env(env: gym.Env) -> gym.Env:
 
 def example_exchange(env: gym.Env, fmt: ChatFormat | None = None) -> list[dict[str, str]]:
     """The demonstration: a fresh copy of ``env`` at :data:`EXAMPLE_SEED` and a well-formed answer (the env's
-    example answer; other ``fmt.demonstration`` kinds come from :mod:`llm_gym.agent.demonstrations`)."""
+    example answer; which states and answers the other ``fmt.demonstration`` kinds show comes from
+    :func:`llm_gym.agent.demonstrations.demonstration_answers`)."""
+    from llm_gym.agent.demonstrations import demonstration_answers
+
     fmt = fmt or ChatFormat()
     demo = _demo_env(env)
-    if fmt.demonstration != "action":
-        from llm_gym.agent.demonstrations import demonstration
-
-        try:
-            return demonstration(demo, fmt)
-        finally:
-            demo.close()
     try:
-        obs, _ = demo.reset(seed=EXAMPLE_SEED)
-        user = turn_text(demo, obs, turn=1, fmt=fmt)
-        answer = (
-            _base(demo).example_response() if hasattr(_base(demo), "example_response") else answer_format(env)
+        shown = (
+            None
+            if fmt.demonstration == "action"
+            else demonstration_answers(demo, fmt.demonstration, EXAMPLE_SEED)
         )
+        # "action", or a family without an expert or a solvable example state: the env's example answer
+        if not shown:
+            demo.reset(seed=EXAMPLE_SEED)  # an example answer may depend on the state (Countdown's numbers)
+            base = _base(demo)
+            answer = base.example_response() if hasattr(base, "example_response") else answer_format(env)
+            shown = [(EXAMPLE_SEED, answer)]
+        messages: list[dict[str, str]] = []
+        for seed, answer in shown:
+            obs, _ = demo.reset(seed=seed)
+            messages += [
+                {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
+                {"role": "assistant", "content": answer},
+            ]
     finally:
         demo.close()
-    return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return messages
 
 
 @dataclass

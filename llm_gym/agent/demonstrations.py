@@ -5,7 +5,7 @@ The original demonstration (``demonstration="action"``) answers the env's exampl
 reinforces on the boards where it happens to work (``docs/learning-study.md``). The kinds here show the answer
 format without handing the model a constant answer:
 
-* ``solver``: one example state (:data:`~llm_gym.agent.chat.EXAMPLE_SEED`) answered with the solver's move for
+* ``solver``: one example state (``llm_gym.agent.chat.EXAMPLE_SEED``) answered with the solver's move for
   *that* state, which is the right answer there and not a rule for other states;
 * ``several``: :data:`SEVERAL` example states answered with the solver's moves, all different answers, so no
   single answer is demonstrated;
@@ -22,12 +22,14 @@ numbers, well-formed and never right).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 
-from llm_gym.agent.chat import EXAMPLE_SEED, ChatFormat, answer_format, turn_text
 from llm_gym.core.parsing import ACTION_SEP, format_response
+
+if TYPE_CHECKING:
+    from llm_gym.core.env import TextEnv
 
 #: Example states of ``demonstration="several"``.
 SEVERAL = 3
@@ -53,50 +55,32 @@ def _placeholder(base: Any) -> str:
     )
 
 
-def demonstration(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
-    """The demonstration messages (user, assistant, ...) of ``fmt.demonstration``, shown on ``demo``: a copy of
-    the episode's env that this function resets (at seeds from :data:`EXAMPLE_SEED` on)."""
-    from llm_gym.agent.export import expert_reply
-
-    kind = fmt.demonstration
+def demonstration_answers(demo: gym.Env, kind: str, first_seed: int) -> list[tuple[int, str]] | None:
+    """The demonstration of ``kind`` as ``(seed, answer)`` pairs, one per turn, on ``demo`` (a copy of the
+    episode's env that this function resets, at seeds from ``first_seed`` on); ``None``: show the env's own
+    example answer (a family without an expert, no solvable example state, a free-answer env's placeholder
+    without an example answer)."""
     if kind == "placeholder":
-        obs, _ = demo.reset(seed=EXAMPLE_SEED)
-        answer = _placeholder(demo.unwrapped) or answer_format(demo)
-        return [
-            {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
-            {"role": "assistant", "content": answer},
-        ]
+        demo.reset(seed=first_seed)
+        answer = _placeholder(demo.unwrapped)
+        return [(first_seed, answer)] if answer else None
     if kind not in ("solver", "several"):
         raise ValueError(f"no demonstration of kind {kind!r} here")
-    if not getattr(demo.unwrapped, "expert_name", None):
-        return _example_answer(demo, fmt)  # a family without an expert: its own example answer
+    base = cast("TextEnv", demo.unwrapped)
+    if not base.expert_name:
+        return None
     want = 1 if kind == "solver" else SEVERAL
-    messages: list[dict[str, str]] = []
-    answers: set[str] = set()
-    for seed in range(EXAMPLE_SEED, EXAMPLE_SEED + MAX_EXAMPLE_SEEDS):
-        obs, _ = demo.reset(seed=seed)
-        answer = expert_reply(demo)
-        if answer is None or answer in answers:
+    shown: list[tuple[int, str]] = []
+    for seed in range(first_seed, first_seed + MAX_EXAMPLE_SEEDS):
+        demo.reset(seed=seed)
+        reply = base.expert_reply()
+        if reply is None or reply in (answer for _, answer in shown):
             continue
-        answers.add(answer)
-        messages += [
-            {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
-            {"role": "assistant", "content": answer},
-        ]
-        if len(answers) == want:
-            return messages
-    # fewer solvable example states with distinct answers than wanted: show those found, else the example answer
-    return messages or _example_answer(demo, fmt)
+        shown.append((seed, reply))
+        if len(shown) == want:
+            break
+    # fewer solvable example states with distinct answers than wanted: those found, else the example answer
+    return shown or None
 
 
-def _example_answer(demo: gym.Env, fmt: ChatFormat) -> list[dict[str, str]]:
-    obs, _ = demo.reset(seed=EXAMPLE_SEED)
-    base = demo.unwrapped
-    answer = base.example_response() if hasattr(base, "example_response") else answer_format(demo)
-    return [
-        {"role": "user", "content": turn_text(demo, obs, turn=1, fmt=fmt)},
-        {"role": "assistant", "content": answer},
-    ]
-
-
-__all__ = ["MAX_EXAMPLE_SEEDS", "PLACEHOLDER_ACTION", "SEVERAL", "demonstration"]
+__all__ = ["MAX_EXAMPLE_SEEDS", "PLACEHOLDER_ACTION", "SEVERAL", "demonstration_answers"]

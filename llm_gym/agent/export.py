@@ -34,7 +34,6 @@ import numpy as np
 from llm_gym import _jsonl
 from llm_gym.agent.chat import ChatFormat, Conversation, chat_settings
 from llm_gym.core.checks import is_number
-from llm_gym.core.parsing import ACTION_SEP, format_response
 from llm_gym.registration import check_seed, check_trusted_env_id, make_env, resolve_env_id
 
 if TYPE_CHECKING:
@@ -78,11 +77,7 @@ def expert_reply(env: gym.Env) -> str | None:
     """The expert's reply for ``env``'s current state (just reset or mid-episode), or None when it has no plan
     from here. Raises ``ValueError`` for a family without an expert."""
     _expert_for(env)
-    base = cast("TextEnv", env.unwrapped)
-    move = base.expert_move()
-    if move is None:
-        return None
-    return format_response(move.parts, move.think, use_think=base.think, sep=base.action_sep or ACTION_SEP)
+    return cast("TextEnv", env.unwrapped).expert_reply()
 
 
 def plays_expert(seed: int, expert_fraction: float, rng_seed: int = 0) -> bool:

@@ -280,6 +280,21 @@ class TextEnv(gym.Env[str, str]):
         an expert override it and set :attr:`expert_name`; the default raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no expert policy")
 
+    def expert_reply(self) -> str | None:
+        """:meth:`expert_move` as the reply text a model would give (this env's think flag and action separator),
+        or ``None`` when the expert has no plan from here; ``ValueError`` for a family without an expert."""
+        if not self.expert_name:
+            raise ValueError(
+                f"no expert for {type(self).__name__}: it needs a family that implements "
+                "TextEnv.expert_move and sets expert_name"
+            )
+        move = self.expert_move()
+        if move is None:
+            return None
+        return format_response(
+            move.parts, move.think, use_think=self.think, sep=self.action_sep or ACTION_SEP
+        )
+
     def ragen_prompt(self) -> RagenPrompt | None:
         """RAGEN's own instruction, symbol legend and length hint for this env (``ChatFormat(style="ragen")``),
         or ``None`` (the default): RAGEN has no text of its own for it, and the chat shows :attr:`instructions`."""
