@@ -14,8 +14,8 @@
 
 The three evaluations, on the same seeds, are printed beside the random valid-action policy, the best constant
 answer and the optimum (Wilson 95% intervals) and added to ``output_dir/eval_report.json`` (``warm_start``,
-``constant_actions``). With ``--resume`` a finished warm start (``warm_start/final/llmgym_sft.json``) and base
-evaluation are reused.
+``constant_actions``). With ``--resume`` a finished warm start (``warm_start/final/llmgym_sft.json``) is reused,
+and the base evaluation when its settings are unchanged (:func:`base_evaluation`).
 """
 
 from __future__ import annotations
