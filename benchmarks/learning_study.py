@@ -29,7 +29,7 @@ the markdown tables) go to ``--out-dir`` (default: ``WORK_DIR/out``); ``--publis
 
 ``--pilot-sft`` runs only the warm-start learnability pilots (``--ws-lrs``, evaluated on pilot seeds after each
 of ``--sft-eval-steps``); ``--pick-sft`` applies their rule. ``--train-args`` passes extra flags to every
-``llmgym-train`` run (e.g. the shared-prefix loss pass when it lands).
+``llmgym-train`` run (shared-prefix training is already on by default where it is exact).
 """
 
 from __future__ import annotations

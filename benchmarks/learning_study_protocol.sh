@@ -10,8 +10,8 @@
 # run again. The warm-start learning rate and steps per environment come from the pilots on pilot seeds
 # (docs/learning-study.md; WS_FrozenLake / WS_Bandit override them as "LR STEPS"); PILOTS=1 runs the pilots again
 # first (FrozenLake: about an hour of CPU) and lets `learning_study.py --pick-sft` choose. The held-out seeds
-# 200000.. are played only after training. Extra llmgym-train flags for every RL run (e.g. the shared-prefix loss
-# pass): TRAIN_ARGS="--flag value" bash benchmarks/learning_study_protocol.sh OUT_DIR
+# 200000.. are played only after training. Extra llmgym-train flags for every RL run (shared-prefix training is on by
+# default; e.g. --use_prefix_sharing False to time without it): TRAIN_ARGS="--flag value" bash ... OUT_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/learning_study}
