@@ -120,32 +120,9 @@ def test_probe_quick_mode_prints_a_table_and_writes_only_where_told(tmp_path, ca
 
 
 def test_a_family_without_an_expert_shows_its_own_example_answer():
-    from llm_gym.core import TextEnv
+    from tests.test_family_knowledge import _Free  # a free-text env that overrides none of the family hooks
 
-    class Free(TextEnv):
-        action_names = None
-        action_sep = None
-
-        def _rules(self):
-            return "Say anything."
-
-        def _reset_game(self, options):
-            self.done = False
-
-        def _apply_action(self, action):
-            self.done = True
-            return {}, True
-
-        def _observation(self):
-            return "?"
-
-        def _is_terminated(self):
-            return self.done
-
-        def _is_success(self):
-            return False
-
-    env = Free(max_turns=1)
+    env = _Free(max_turns=1)
     for kind in ("solver", "several"):
         (_, answer) = example_exchange(env, ChatFormat(one_shot=True, demonstration=kind))
         assert answer["content"] == env.example_response()
