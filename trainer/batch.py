@@ -14,6 +14,19 @@ from __future__ import annotations
 import torch
 
 
+def _gather(batch: dict, index: torch.Tensor, n: int) -> dict:
+    """Rows ``index`` of every tensor or list whose first dimension is the ``n`` rows; other values pass through."""
+    out: dict = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
+            out[key] = value[index.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            out[key] = [value[i] for i in index.tolist()]
+        else:
+            out[key] = value
+    return out
+
+
 def loss_mask(batch: dict) -> torch.Tensor:
     """Tokens that carry loss: ``completion_mask * tool_mask``; a missing (or ``None``) ``tool_mask`` is all ones."""
     mask = batch["completion_mask"]
@@ -51,14 +64,7 @@ def select_rows(batch: dict, keep: torch.Tensor, multiple: int = 1) -> tuple[dic
     n_pad = target - kept.numel()
     src = kept[:1] if kept.numel() else torch.zeros(1, dtype=torch.long)
     index = torch.cat([kept, src.repeat(n_pad)])
-    out: dict = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
-            out[key] = value[index.to(value.device)]
-        elif isinstance(value, list) and len(value) == n:
-            out[key] = [value[i] for i in index.tolist()]
-        else:
-            out[key] = value
+    out = _gather(batch, index, n)
     if n_pad:
         if out.get("tool_mask") is None:
             out["tool_mask"] = torch.ones_like(out["completion_mask"])
@@ -97,15 +103,7 @@ def select_rows_copy(
     n = batch["completion_ids"].shape[0]
     if keep.numel() != n:
         raise ValueError(f"keep mask has {keep.numel()} entries for a batch of {n} rows")
-    res: dict = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
-            res[key] = value[index.to(value.device)]
-        elif isinstance(value, list) and len(value) == n:
-            res[key] = [value[i] for i in index.tolist()]
-        else:
-            res[key] = value
-    return res, to_add
+    return _gather(batch, index, n), to_add
 
 
 def take_rows(batch: dict, index: torch.Tensor) -> dict:
@@ -116,15 +114,7 @@ def take_rows(batch: dict, index: torch.Tensor) -> dict:
         raise ValueError(f"row reordering does not support multimodal batches (found {present})")
     n = batch["completion_ids"].shape[0]
     index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
-    res: dict = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == n:
-            res[key] = value[index.to(value.device)]
-        elif isinstance(value, list) and len(value) == n:
-            res[key] = [value[i] for i in index.tolist()]
-        else:
-            res[key] = value
-    return res
+    return _gather(batch, index, n)
 
 
 def empty_micro_batch(batch: dict) -> dict:
