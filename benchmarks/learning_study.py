@@ -222,6 +222,26 @@ def held_out_eval(
     )
 
 
+def warm_start_rows(
+    setting: Any, recipe: str, seed: int, a: argparse.Namespace, chat: Any
+) -> tuple[list[dict], float]:
+    """The recipe's warm-start episodes for training seed ``seed``: ``a.ws_episodes`` seeds from
+    ``WARM_START_SEED + 1000 x seed``, a share of them played by the solver (the recipe's, or ``--partial-fraction``); and that share."""
+    from llm_gym.agent.export import export_episodes
+
+    fraction = WARM_STARTS[recipe] if recipe != "partial" else a.partial_fraction
+    first = WARM_START_SEED + 1000 * seed
+    rows = export_episodes(
+        setting.env,
+        range(first, first + a.ws_episodes),
+        env_kwargs=setting.env_kwargs_with_limits(),
+        chat=chat,
+        expert_fraction=fraction,
+        rng_seed=seed,
+    ).rows
+    return rows, fraction
+
+
 def part(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A finished part's saved result, or ``compute()`` saved (atomically) for the next invocation."""
     from llm_gym.safe_io import atomic_write_text
@@ -256,18 +276,9 @@ def warm_start_part(
     from llm_gym.trainer.config import LLMGymSFTConfig
     from llm_gym.trainer.sft import train_sft
 
-    from llm_gym.agent.export import export_episodes, write_jsonl
+    from llm_gym.agent.export import write_jsonl
 
-    fraction = WARM_STARTS[recipe] if recipe != "partial" else a.partial_fraction
-    first = WARM_START_SEED + 1000 * seed
-    rows = export_episodes(
-        setting.env,
-        range(first, first + a.ws_episodes),
-        env_kwargs=setting.env_kwargs_with_limits(),
-        chat=chat,
-        expert_fraction=fraction,
-        rng_seed=seed,
-    ).rows
+    rows, fraction = warm_start_rows(setting, recipe, seed, a, chat)
     if folder.exists():  # an unfinished part: start it again
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -590,23 +601,14 @@ def sft_pilot(
     from llm_gym.trainer.config import LLMGymSFTConfig
     from llm_gym.trainer.sft import train_sft
 
-    from llm_gym.agent.export import export_episodes, write_jsonl
+    from llm_gym.agent.export import write_jsonl
 
     seeds = list(range(a.eval_seed, a.eval_seed + a.num_eval_seeds))
     if max(seeds) >= HELD_OUT_SEED:
         raise SystemExit(
             f"--pilot-sft evaluates on pilot seeds: keep --eval-seed + --num-eval-seeds below {HELD_OUT_SEED}"
         )
-    fraction = WARM_STARTS[a.pilot_recipe] if a.pilot_recipe != "partial" else a.partial_fraction
-    first = WARM_START_SEED + 1000 * 7
-    rows = export_episodes(
-        setting.env,
-        range(first, first + a.ws_episodes),
-        env_kwargs=setting.env_kwargs_with_limits(),
-        chat=chat,
-        expert_fraction=fraction,
-        rng_seed=7,
-    ).rows
+    rows, fraction = warm_start_rows(setting, a.pilot_recipe, 7, a, chat)  # pilot data: training seed 7
     eval_at = sorted(set(a.sft_eval_steps))
     pilots = []
     for lr in a.ws_lrs:
