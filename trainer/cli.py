@@ -140,6 +140,10 @@ def _checked_config(argv: list[str], log: Any) -> tuple[Any, dict[str, Any]]:
     from llm_gym.trainer.models import adapter_base, check_model
 
     config, meta = resolve_config(argv, log=log)
+    from llm_gym.trainer.organism import materialize
+
+    # An organism is built (once, cached) for this run's env and seed; from here on it is a model folder.
+    meta["model"] = materialize(str(meta["model"]), config.env, config.make_env_kwargs(), seed=config.seed)
     resolved = check_model(str(meta["model"]), chat_template=config.chat_template)
     if config.use_peft and Path(resolved).is_dir() and adapter_base(resolved) is not None:
         raise ConfigError(

@@ -538,6 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         env_ids, env_kwargs, ks = _check_args(args)
+        if not args.endpoint:  # an organism is built for the one env it is evaluated on
+            from llm_gym.trainer.organism import materialize
+
+            one = env_ids[0] if len(env_ids) == 1 else None
+            args.model = materialize(args.model, one, env_kwargs, seed=args.seed)
         env_urls = parse_env_urls(args.env_url)
         chat_kw = chat_settings(args, log=lambda m: print(m, file=sys.stderr))
         out_dir = Path(args.output_dir)

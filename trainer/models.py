@@ -89,6 +89,10 @@ def resolve_model(name_or_path: str) -> str:
     name = name_or_path.strip()
     if name.lower() in SMOLLM2_ALIASES:
         return str(smollm2_dir())
+    from .organism import is_organism
+
+    if is_organism(name):  # the CLIs build it once the env is known (organism.materialize)
+        raise ModelError(f"--model {name}: an organism is built for one environment; pass --env with it")
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path.resolve())

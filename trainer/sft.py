@@ -574,9 +574,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = None
     try:
         config, opts = build_parser().parse_args_into_dataclasses([*argv, *cpu_arguments(argv, has_gpu())])
-        check_model(opts.model)
         rows = load_rows(config.data)
-        check_rows(rows)  # malformed rows, or rows that cannot share one chat, fail before the model loads
+        settings = check_rows(rows)  # malformed rows, or rows that cannot share one chat, fail before the model
+        from llm_gym.trainer.organism import materialize
+
+        # an organism is built for the data's env (its tokenizer learns that env's texts) and the run's seed
+        opts.model = materialize(opts.model, settings["env"], settings["env_kwargs"], seed=config.seed)
+        check_model(opts.model)
         check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
         lock = OutputLock(config.output_dir, "SFT run").acquire()
         prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
