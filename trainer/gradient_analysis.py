@@ -277,10 +277,14 @@ def analyse_round(trainer: Any, batch: dict, rewards: np.ndarray, index: int) ->
                     weights=None if weights is None else weights[idx],
                 )
                 mask = mask_all[idx]
-                for i, t in enumerate(terms):
+                # zero advantages (a constant group) give an exactly zero task gradient: no backward for it
+                needed = [t for t in terms if t != "task" or bool(batch["advantages"][idx].any())]
+                for t in terms:
                     num, den = split_aggregate(mats[t], mask, aggs[t], norm_length=norm_length)
                     dens[t] += float(den)
-                    num.backward(retain_graph=i + 1 < len(terms))
+                    if t not in needed:
+                        continue
+                    num.backward(retain_graph=t != needed[-1])
                     _add(grads[t], [p.grad for p in params])
                     for p in params:
                         p.grad = None
