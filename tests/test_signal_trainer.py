@@ -237,3 +237,91 @@ def test_masking_equals_removal_under_token_count_normalisation(tiny_dir, tmp_pa
     assert deltas["remove"].abs().max() > 0
     expected = deltas["remove"] if loss_type == "dapo" else 0.5 * deltas["remove"]
     torch.testing.assert_close(deltas["mask"], expected, rtol=1e-4, atol=1e-7)
+
+
+# NeMo-RL #4158: a per-rollout mask on the rewards [0] + [0.95] * 7 dropped the lone loser and left seven equal
+# winners with zero advantage. A group is kept or dropped whole.
+LONE_LOSER = [0.0] + [0.95] * 7
+WHOLE_GROUPS = (LONE_LOSER, [0.0, 1.0] * 4, [0.5] * 8)  # variances 0.113, 0.286, 0 (ddof 1)
+
+
+def _whole_group_reward(prompts, completions, **_):
+    return [WHOLE_GROUPS[(i // 8) % 3][i % 8] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize(
+    "strategy, value, extra, kept",
+    [
+        ("top_p", 0.9, {}, {0, 1}),
+        ("top_p", 0.9, {"filter_update_steps": "proportional"}, {0, 1}),
+        ("top_k", 0.34, {}, {1}),
+        ("min_p", 0.5, {}, {1}),
+        ("softmax_top_p", 0.9, {"filter_metric": "std"}, {0, 1}),
+        ("upstream_top_p", 0.9, {}, {0, 1}),
+        ("upstream_top_p", 0.9, {"filter_drop": "mask"}, {0, 1}),
+        ("off", 0.9, {}, {0, 1, 2}),
+    ],
+    ids=[
+        "top_p",
+        "top_p-proportional",
+        "top_k",
+        "min_p",
+        "softmax_top_p",
+        "upstream",
+        "upstream-mask",
+        "off",
+    ],
+)
+def test_every_filter_rule_keeps_or_drops_a_group_whole_in_the_rows_the_loss_sees(
+    tiny_dir, tmp_path, monkeypatch, strategy, value, extra, kept
+):
+    from llm_gym.trainer import snr_filter as snr
+
+    tr, spy = make(
+        tiny_dir,
+        tmp_path,
+        monkeypatch,
+        _whole_group_reward,
+        env="Bandit",
+        max_turns=1,
+        num_generations=8,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=3,  # 3 groups of 8 = one optimizer step of 3 micro-batches
+        max_steps=1,
+        filter_strategy=strategy,
+        filter_value=value,
+        **extra,
+    )
+    decide = spy.decide_round
+
+    def tag_rows(trainer, out, rewards, state):  # each row carries its index through the filter to the loss
+        out["row_id"] = torch.arange(out["completion_ids"].shape[0])
+        return decide(trainer, out, rewards, state)
+
+    monkeypatch.setattr(grpo_module, "decide_round", tag_rows)
+    tr.train()
+    (before,) = spy.before
+    assert bool((loss_mask(before).sum(1) > 0).all())  # every rollout has tokens the loss would train
+    rewards = np.array([r for g in WHOLE_GROUPS for r in g])
+    decision = snr.decide(rewards, 8, strategy, value, metric=extra.get("filter_metric", "variance"))
+    assert set(np.flatnonzero(decision.keep_groups)) == kept  # the pure rule's choice, by hand above
+    trained: dict[int, list[int]] = {}
+    advantage: dict[int, float] = {}
+    for b in spy.loss_inputs:
+        for row, tokens, adv in zip(
+            b["row_id"].tolist(), loss_mask(b).sum(1).tolist(), b["advantages"].tolist()
+        ):
+            if tokens > 0:
+                trained.setdefault(row // 8, []).append(row)
+                advantage[row] = adv
+    assert set(trained) == kept
+    for group, rows in trained.items():  # all eight rollouts of a kept group, each once (copies may add more)
+        assert set(rows) == set(range(8 * group, 8 * group + 8)), group
+        if extra.get("filter_update_steps") != "proportional":
+            assert len(rows) == 8
+    if 0 in kept:  # the lone loser trains beside its winners, and the winners keep a non-zero advantage
+        assert advantage[0] < 0 and all(advantage[r] > 0 for r in range(1, 8))
+    (log,) = [h for h in tr.state.log_history if "loss" in h]
+    assert log["snr/kept_groups"] == len(kept)
+    std, cv = snr.variance_spread(decision.variances)
+    assert log["snr/group_var_std"] == pytest.approx(std) and log["snr/group_var_cv"] == pytest.approx(cv)

@@ -170,3 +170,54 @@ def test_a_resumed_run_reuses_the_base_evaluation_only_with_the_same_settings(tm
     (tmp_path / warm_start.BASE_EVAL_SETTINGS_FILE).write_text("{not json")  # unreadable: evaluated again
     base("--eval_temperature", "0.9")
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_kl_reference_after_a_warm_start_is_the_warm_start(tiny_dir, tmp_path, capsys, monkeypatch, lora):
+    """With beta > 0 the KL of RL is to the warm-started model, not to the base model: after the RL steps the
+    reference TRL uses (its frozen copy; with LoRA, the policy with its adapter disabled) gives the warm start's
+    logits, and the term is logged under TRL's name ``kl``."""
+    import torch
+    from llm_gym.trainer.grpo import LLMGymGRPOTrainer
+    from llm_gym.trainer.models import load_model_and_tokenizer
+
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 8]])
+    seen = {}
+    train = LLMGymGRPOTrainer.train
+
+    def spy(self, *args, **kwargs):
+        result = train(self, *args, **kwargs)
+        with torch.no_grad():
+            if lora:
+                assert self.ref_model is None
+                with self.model.disable_adapter():
+                    seen["ref"] = self.model(ids).logits
+            else:
+                seen["ref"] = self.ref_model(ids).logits
+            seen["policy"] = self.model(ids).logits
+        seen["logs"] = self.state.log_history
+        return result
+
+    monkeypatch.setattr(LLMGymGRPOTrainer, "train", spy)
+    out = tmp_path / "run"
+    argv = [*FL, *QUIET, "--model", tiny_dir, "--max_steps", "2", "--output_dir", str(out), "--num_eval_seeds", "0",
+            "--warm_start", "expert", "--warm_start_episodes", "4", "--warm_start_max_steps", "2",
+            "--warm_start_batch_size", "2", "--warm_start_micro_batch_size", "2", "--warm_start_learning_rate", "1e-2",
+            "--beta", "0.04", "--filter_strategy", "off", "--learning_rate", "1e-2", "--use_peft", str(lora)]  # fmt: skip
+    assert main(argv) == 0
+    assert (
+        f"KL (beta 0.04, logged as kl) to the warm start {out / 'warm_start' / 'final'}"
+        in capsys.readouterr().out
+    )
+    logits = {}
+    for name, path in (("warm", out / "warm_start" / "final"), ("base", tiny_dir)):
+        model, _ = load_model_and_tokenizer(str(path), dtype="float32")
+        with torch.no_grad():
+            logits[name] = model.eval()(ids).logits
+    torch.testing.assert_close(seen["ref"], logits["warm"], rtol=1e-5, atol=1e-5)
+    assert (
+        seen["ref"] - logits["base"]
+    ).abs().max() > 1e-2  # the warm start moved the model away from the base
+    assert (seen["policy"] - seen["ref"]).abs().max() > 0  # RL moved the policy; the reference stayed
+    kl = [h["kl"] for h in seen["logs"] if "loss" in h]
+    assert len(kl) == 2 and all(v is not None and v >= 0 for v in kl)

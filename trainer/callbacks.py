@@ -4,7 +4,8 @@
 - :class:`SkipUpdateCallback`: right before ``optimizer.step()``, makes an empty step a no-op (the trainer's
   ``skip_optimizer_step``);
 - :class:`EmptyStopCallback`: stops training after ``filter_empty_stop_steps`` rounds in a row with nothing kept;
-- :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance series to a JSONL file;
+- :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance / gradient-analysis series to a JSONL
+  file;
 - :class:`RewardStdCollapseCallback`, :class:`LowSuccessStopCallback`: RAGEN's early stops (off by default).
 
 The collapse plot's callback (``CollapsePlotCallback``) lives with the trackers it draws for
@@ -29,8 +30,10 @@ from llm_gym.safe_io import append_text
 
 logger = logging.getLogger(__name__)
 
-#: Keys (beyond ``mi/`` and ``snr/``) the collapse report keeps from each log line.
-REPORT_KEYS = ("entropy", "reward", "reward_std", "frac_reward_zero_std")
+#: Metric prefixes the collapse report keeps from each log line (``grad_analysis/``: on analysis rounds only).
+REPORT_PREFIXES = ("mi/", "snr/", "grad_analysis/")
+#: Keys (beyond :data:`REPORT_PREFIXES`) the collapse report keeps from each log line.
+REPORT_KEYS = ("entropy", "reward", "reward_std", "frac_reward_zero_std", "kl")
 
 
 class StopSignal:
@@ -130,7 +133,7 @@ class CollapseReportCallback(TrainerCallback):
         row = {
             k: v
             for k, v in logs.items()
-            if (k.startswith(("mi/", "snr/")) or k in REPORT_KEYS)
+            if (k.startswith(REPORT_PREFIXES) or k in REPORT_KEYS)
             and isinstance(v, (int, float))
             and math.isfinite(v)
         }

@@ -15,6 +15,8 @@ Groups (one dataclass each, mixed into ``LLMGymGRPOConfig``):
 - :class:`OutputArguments`: episode records and the collapse report;
 - :class:`FilterArguments`: SNR-aware group filtering (RAGEN-2, Sec. 4);
 - :class:`MIArguments`: mutual-information collapse metrics (RAGEN-2, Sec. 3);
+- :class:`GradientAnalysisArguments`: the gradient split by reward variance (RAGEN-2, Sec. 3 and App. H), measured
+  without changing training;
 - :class:`PPOArguments`: the critic and GAE, read only by ``--algo ppo`` / ``--algo dapo``;
 - :class:`LossArguments`: dual-clip and one aggregation for every loss term (RAGEN-2's veRL loss);
 - :class:`EarlyStopArguments`: RAGEN's early stops (reward-variance collapse, low validation success);
@@ -37,7 +39,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from llm_gym.trainer import snr_filter
+from llm_gym.trainer import gradient_analysis, snr_filter
 from llm_gym.trainer.defaults import (
     CRITIC_MODELS,
     EPISODES_FILE,
@@ -46,6 +48,7 @@ from llm_gym.trainer.defaults import (
     FILTER_DROPS,
     FILTER_LOSS_SCALINGS,
     FILTER_UPDATE_STEPS,
+    GRADIENT_ANALYSIS_BUCKET_MODES,
     GROUP_DYNAMICS,
     LOSS_AGG_MODES,
     MAX_NEW_TOKENS,
@@ -519,14 +522,48 @@ class MIArguments:
             raise ValueError(f"mi_ema_decay must be in [0, 1), got {self.mi_ema_decay}")
 
 
+# ------------------------------------------------------------------------------------------ gradient analysis
 @dataclass
-class SignalArguments(FilterArguments, MIArguments, OutputArguments):
-    """The RAGEN-2 signal tools together (SNR filter, MI metrics and their report), for code that uses only them."""
+class GradientAnalysisArguments:
+    """The gradient split by reward variance (RAGEN-2, Sec. 3, Fig. 3 and App. H; RAGEN's gradient analysis):
+    measured in a round, never applied (:mod:`llm_gym.trainer.gradient_analysis`)."""
+
+    gradient_analysis_every: int = field(
+        default=0,
+        metadata={
+            "help": "Every k training rounds (and on the first), bucket the round's groups by reward variance and "
+            "back-propagate the task, entropy and KL terms of the loss separately, per bucket and for all groups "
+            "(grad_analysis/<bucket>/<term>_norm), without changing training; 0 = off (RAGEN: 50). One process; "
+            "costs one forward pass and one backward pass per term over the round."
+        },
+    )
+    gradient_analysis_buckets: int = field(
+        default=6,
+        metadata={"help": "Buckets of the quantile mode: equal group counts by reward variance (RAGEN: 6)."},
+    )
+    gradient_analysis_bucket_mode: str = field(
+        default="quantile",
+        metadata={
+            "help": "quantile: gradient_analysis_buckets buckets of equal group count, bucket_1 the lowest reward "
+            "variance; fixed_rv: RAGEN's fixed edges on the group reward std, [0,1), [1,2), ..., [5,inf).",
+            "choices": list(GRADIENT_ANALYSIS_BUCKET_MODES),
+        },
+    )
+
+    def _validate_gradient_analysis(self) -> None:
+        gradient_analysis.check_setup(self)
+
+
+@dataclass
+class SignalArguments(FilterArguments, MIArguments, GradientAnalysisArguments, OutputArguments):
+    """The RAGEN-2 signal tools together (SNR filter, MI metrics, gradient analysis and their report), for code
+    that uses only them."""
 
     def validate_signal_args(self) -> None:
-        """Raise ``ValueError`` on an out-of-range or unknown filter / MI / report setting."""
+        """Raise ``ValueError`` on an out-of-range or unknown filter / MI / gradient-analysis / report setting."""
         self._validate_filter()
         self._validate_mi()
+        self._validate_gradient_analysis()
         if self.collapse_report and os.path.basename(self.collapse_report) != self.collapse_report:
             raise ValueError(
                 f"collapse_report must be a file name inside output_dir, got {self.collapse_report!r}"
@@ -1004,6 +1041,7 @@ __all__ = [
     "EnvArguments",
     "EvalArguments",
     "FilterArguments",
+    "GradientAnalysisArguments",
     "LLMGymGRPOConfig",
     "LLMGymSFTConfig",
     "LoRAArguments",

@@ -42,6 +42,7 @@ CRITIC_MODELS = ("head", "separate")
 MI_REASONING = ("think", "turn")
 MI_MARGINALS = ("code", "paper")
 MI_SCORERS = ("cached", "trl")
+GRADIENT_ANALYSIS_BUCKET_MODES = ("quantile", "fixed_rv")
 
 __all__ = [
     "CRITIC_MODELS",
@@ -54,6 +55,7 @@ __all__ = [
     "FILTER_LOSS_SCALINGS",
     "FILTER_METRICS",
     "FILTER_UPDATE_STEPS",
+    "GRADIENT_ANALYSIS_BUCKET_MODES",
     "GROUP_DYNAMICS",
     "LOSS_AGG_MODES",
     "MAX_NEW_TOKENS",

@@ -330,6 +330,7 @@ def help_group_of(config_cls: type) -> dict[str, str]:
         c.OutputArguments: "output",
         c.FilterArguments: "SNR filter",
         c.MIArguments: "MI metrics",
+        c.GradientAnalysisArguments: "SNR filter",
         c.PPOArguments: "PPO critic",
         c.LossArguments: "algorithm",
         c.EarlyStopArguments: "early stops",

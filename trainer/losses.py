@@ -63,6 +63,31 @@ def aggregate(
     raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, got {mode!r}")
 
 
+def split_aggregate(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`aggregate` as ``(numerator, denominator)``: sums over rows, so the aggregate of a batch cut into
+    chunks is ``sum(numerators) / sum(denominators)`` (clamped to at least 1, as :func:`aggregate` does).
+
+    The numerator carries the gradient; the denominator (token or row count) does not depend on the weights."""
+    if loss_mat.shape != mask.shape:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} differ in shape")
+    m = mask.to(loss_mat.dtype)
+    summed = (loss_mat * m).sum(-1)
+    rows = torch.tensor(float(loss_mat.shape[0]), dtype=loss_mat.dtype, device=loss_mat.device)
+    if mode == "token-mean":
+        return summed.sum(), m.sum()
+    if mode == "seq-mean-token-mean":
+        return (summed / m.sum(-1).clamp(min=1.0)).sum(), rows
+    if mode == "seq-mean-token-sum":
+        return summed.sum(), rows
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_length or norm_length < 1:
+            raise ValueError("seq-mean-token-sum-norm needs a positive norm_length (max_completion_length)")
+        return summed.sum(), rows * norm_length
+    raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, got {mode!r}")
+
+
 def clipped_surrogate(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
@@ -152,4 +177,12 @@ def policy_loss(
     return PolicyLoss(total, pol, ent, kl_term, clip_frac.float(), dual_frac.float())
 
 
-__all__ = ["AGG_MODES", "TRL_LOSS_TYPE_AGG", "PolicyLoss", "aggregate", "clipped_surrogate", "policy_loss"]
+__all__ = [
+    "AGG_MODES",
+    "TRL_LOSS_TYPE_AGG",
+    "PolicyLoss",
+    "aggregate",
+    "clipped_surrogate",
+    "policy_loss",
+    "split_aggregate",
+]

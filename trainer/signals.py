@@ -4,7 +4,9 @@
 after TRL scored the batch, with the round's episode rewards. It returns a :class:`RoundDecision`, which the
 trainer applies and logs in one place (``_generate_and_score_completions``):
 
-1. every ``mi_every`` rounds (and the first), MI metrics on the UNFILTERED batch (``mi/...``);
+1. every ``mi_every`` rounds (and the first), MI metrics on the UNFILTERED batch (``mi/...``); every
+   ``gradient_analysis_every`` rounds (and the first), the gradient split by reward variance on it
+   (``grad_analysis/...``, :mod:`llm_gym.trainer.gradient_analysis`; it changes nothing the round trains);
 2. the filter decides on the gathered (global) rewards, so every process agrees (``snr/...``);
 3. dropped rows leave the batch (``filter_drop="remove"``), so they cost no forward/backward in the update, or
    only lose their loss weight (``"mask"``); ``num_items_in_batch`` is recomputed;
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from llm_gym.trainer import gradient_analysis
 from llm_gym.trainer import mutual_info as mi
 from llm_gym.trainer import snr_filter as snr
 from llm_gym.trainer.batch import (
@@ -122,7 +125,8 @@ class RoundDecision:
 
 
 def decide_round(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalState) -> RoundDecision:
-    """MI metrics on the unfiltered batch (every ``mi_every`` rounds), then the SNR filter's decision.
+    """MI metrics and the gradient analysis on the unfiltered batch (at their cadences), then the SNR filter's
+    decision.
 
     ``rewards`` are the round's episode rewards over all processes, in process order (NaN = unscorable).
     Advantages are left as they are: the trainer multiplies them by ``loss_scale`` once they are final.
@@ -133,6 +137,9 @@ def decide_round(trainer: Any, batch: dict, rewards: np.ndarray, state: SignalSt
     metrics: dict[str, float] = {}
     if args.mi_every and index % args.mi_every == 0 and (args.mi_first_turn or args.mi_trajectory):
         metrics.update(mi_metrics(trainer, batch, state))
+    every = getattr(args, "gradient_analysis_every", 0)
+    if every and index % every == 0:
+        metrics.update(gradient_analysis.analyse_round(trainer, batch, rewards, index))
     start = time.perf_counter()
     decision = _filter(trainer, batch, np.asarray(rewards, dtype=np.float64), state, index)
     decision.metrics = {**metrics, **decision.metrics, "snr/filter_seconds": time.perf_counter() - start}
@@ -205,6 +212,7 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState, index
     )
     var = dec.variances
     kept = dec.keep_groups
+    spread = snr.variance_spread(var)
     metrics = {
         "snr/num_groups": kept.size,
         "snr/kept_groups": kept.sum(),
@@ -213,6 +221,9 @@ def _filter(trainer: Any, out: dict, rewards: np.ndarray, st: SignalState, index
         "snr/group_var_after": var[kept].mean() if kept.any() else math.nan,
         # RAGEN's rollout/in_group_reward_std (what its reward-variance early stop watches)
         "snr/group_std_before": np.sqrt(var).mean() if var.size else math.nan,
+        # RAGEN-2 Table 8's Std(RV)/Mean(RV) over the round's groups: high (bimodal) where filtering helped
+        "snr/group_var_std": spread[0],
+        "snr/group_var_cv": spread[1],
         "snr/zero_var_frac": (var <= snr.ZERO_TOL).mean() if var.size else math.nan,
         "snr/skipped": float(skip),
         "snr/consecutive_empty": st.consecutive_empty,

@@ -10,7 +10,9 @@
 3. **Warm start**: :func:`llm_gym.trainer.sft.train_sft` into ``output_dir/warm_start`` (a LoRA warm start is
    merged, so RL can put its own adapter on it).
 4. **RL** from ``output_dir/warm_start/final``: ``llmgym-train``'s own run, whose evaluation before training is
-   the warm start's and after training the RL model's.
+   the warm start's and after training the RL model's. With ``beta > 0`` the KL reference is the warm start:
+   TRL builds it from the model RL starts from (a frozen copy; with LoRA, the model with the adapter disabled,
+   and a LoRA warm start is merged into that model), and logs the term as ``kl``.
 
 The three evaluations, on the same seeds, are printed beside the random valid-action policy, the best constant
 answer and the optimum (Wilson 95% intervals) and added to ``output_dir/eval_report.json`` (``warm_start``,
@@ -245,6 +247,10 @@ def run_with_warm_start(
             return 2
         gc.collect()
     meta = {**meta, "model": str(folder / "final")}
+    if float(getattr(config, "beta", 0.0) or 0.0) != 0.0:
+        # TRL builds the reference from the model RL starts from (a copy of it, or with LoRA the model with the
+        # adapter disabled): the KL term pulls towards the warm start, not the base model
+        log(f"llmgym-train: KL (beta {config.beta:g}, logged as kl) to the warm start {folder / 'final'}")
     rc = rl_run(config, meta)
     if rc == 0 and base is not None:
         report_three(config, base, sft, log)
