@@ -137,7 +137,11 @@ def check_rows(rows: Sequence[Any]) -> dict[str, Any]:
     so that bad data stops a run before any model loads."""
     for n, row in enumerate(rows):
         row_conversation(row, n)
-    return data_settings(rows)
+    settings = data_settings(rows)
+    # each env the rows name (RAGEN style: made for its think setting), checked now rather than after the model loads
+    for env_id, kwargs, chat in {(r.get("env_id"), r.get("env_kwargs"), r.get("chat")) for r in rows}:
+        _prefix(env_id, kwargs, chat)
+    return settings
 
 
 def seed_ranges(seeds: Iterable[int]) -> list[list[int]]:
@@ -261,14 +265,27 @@ def _prefix(env_id: Any, env_kwargs_text: Any, chat_text: Any) -> str:
     if not isinstance(chat, dict) or chat.get("chat_style") != "ragen":
         return ""
     fmt = chat_format_from_settings({k: v for k, v in chat.items() if k == "chat_style"})
-    from llm_gym.registration import check_trusted_env_id, make_env
+    from llm_gym.core.kwargs import foreign_data_kwargs
+    from llm_gym.registration import check_trusted_env_id, env_class, env_defaults, make_env, short_repr
 
+    what = "rows in the RAGEN chat style need a usable env_id and env_kwargs"
     try:
         check_trusted_env_id(env_id, "the row")
         kwargs = json.loads(env_kwargs_text) if isinstance(env_kwargs_text, str) else {}
-        env = make_env(env_id, kwargs if isinstance(kwargs, dict) else {})
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        # the env is made to read its think setting: a file or data set named by the data is never opened
+        foreign = foreign_data_kwargs(env_class(env_id), kwargs, env_defaults(env_id))
+        if foreign:
+            raise DataError(
+                f"{what}: env_kwargs name {foreign[0]}={short_repr(kwargs[foreign[0]], 80)}; file paths and data "
+                "sets are not taken from data rows (only bundled data or the id's default); export the rows with "
+                "bundled data, or in the llmgym chat style"
+            )
+        env = make_env(env_id, kwargs)
+    except DataError:
+        raise
     except ValueError as e:
-        raise DataError(f"rows in the RAGEN chat style need a usable env_id and env_kwargs: {e}") from None
+        raise DataError(f"{what}: {e}") from None
     try:
         think = bool(getattr(env.unwrapped, "think", True))
     finally:

@@ -1,0 +1,78 @@
+"""Hardening, round three, of ``llmgym-sft`` / ``--warm_start`` data and of chat-template checks: data rows name
+no files, datasets folders stay inside themselves, rows are valid Unicode and fit the model, memory follows the
+data's size, TRL's check never renders an untrusted template, rendering is bounded while it runs, and a killed
+``llmgym-sft`` run resumes from its last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("trl")
+
+from llm_gym.trainer.sft import DataError, check_rows  # noqa: E402
+
+RAGEN_CHAT = json.dumps({"chat_style": "ragen"})
+
+
+def _ragen_row(env_id: str, env_kwargs: dict, seed: int = 1000) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": "State: #@$.#"},
+            {"role": "assistant", "content": "<think>push</think><answer>Right</answer>"},
+        ],
+        "seed": seed,
+        "env_id": env_id,
+        "env_kwargs": json.dumps(env_kwargs),
+        "chat": RAGEN_CHAT,
+    }
+
+
+# ------------------------------------------------------------------------------------------ M7: no files from data
+@pytest.mark.parametrize("path", ["/etc/passwd", "/dev/zero", "LEVELS"])
+def test_data_rows_that_name_a_file_are_refused_unopened(tmp_path, monkeypatch, path):
+    """A RAGEN-style row naming ``level_file`` is refused before the env is made: the file (a valid level file
+    here, which the env would read without complaint) is never opened."""
+    import llm_gym.registration as registration
+    from llm_gym.envs.sokoban.level import sample_path
+
+    levels = tmp_path / "levels.xsb"
+    levels.write_text(sample_path().read_text())
+    path = str(levels) if path == "LEVELS" else path
+    made = []
+    monkeypatch.setattr(registration, "make_env", lambda *a, **k: made.append(a) or 1 / 0)
+    row = _ragen_row("llmgym/SokobanFile-v0", {"level_file": path})
+    start = time.perf_counter()
+    with pytest.raises(DataError, match="file paths and data sets are not taken from data rows") as err:
+        check_rows([row])
+    assert time.perf_counter() - start < 5
+    assert not made
+    assert "root:" not in str(err.value) and "line 17" not in str(err.value)
+
+
+def test_data_rows_naming_bundled_data_are_accepted():
+    check_rows([_ragen_row("llmgym/SokobanFile-v0", {"level_file": "sample"})])
+
+
+def test_llmgym_sft_refuses_a_file_named_by_the_data_before_the_model_loads(tiny_dir, tmp_path, capsys):
+    from llm_gym.trainer.sft import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(_ragen_row("llmgym/SokobanFile-v0", {"level_file": "/etc/passwd"})) + "\n")
+    rc = main(
+        [
+            "--model",
+            str(tiny_dir),
+            "--data",
+            str(data),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--num_eval_seeds",
+            "0",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "file paths and data sets are not taken from data rows" in err and "passwd: line" not in err
