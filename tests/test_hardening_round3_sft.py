@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.trainer.sft import DataError, check_rows  # noqa: E402
+from llm_gym.trainer.sft import DataError, check_rows, load_rows  # noqa: E402
 
 RAGEN_CHAT = json.dumps({"chat_style": "ragen"})
 
@@ -76,3 +77,38 @@ def test_llmgym_sft_refuses_a_file_named_by_the_data_before_the_model_loads(tiny
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "file paths and data sets are not taken from data rows" in err and "passwd: line" not in err
+
+
+# ------------------------------------------------------------------------------------------ L6: folders stay inside
+def _traversing_folder(tmp_path: Path) -> Path:
+    """A ``datasets`` folder whose ``state.json`` names a file two levels up (a stand-in for /etc/passwd)."""
+    from datasets import Dataset
+
+    folder = tmp_path / "a" / "b" / "hf"
+    Dataset.from_list([_ragen_row("llmgym/Bandit-v0", {})]).save_to_disk(str(folder))
+    (tmp_path / "a" / "secret").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": "../../secret"}]
+    (folder / "state.json").write_text(json.dumps(state))
+    return folder
+
+
+def test_a_datasets_folder_naming_a_file_outside_it_is_refused_unread(tmp_path, monkeypatch):
+    import datasets
+
+    folder = _traversing_folder(tmp_path)
+    opened = []
+    monkeypatch.setattr(datasets, "load_from_disk", lambda *a, **k: opened.append(a) or 1 / 0)
+    with pytest.raises(DataError, match="is not a file name inside the folder; refusing to read it") as err:
+        load_rows(folder)
+    assert not opened and "root" not in str(err.value).replace(str(tmp_path), "")
+
+
+def test_warm_start_refuses_the_same_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from llm_gym.trainer.warm_start import warm_start_rows
+
+    folder = _traversing_folder(tmp_path)
+    with pytest.raises(DataError, match="not a file name inside the folder"):
+        warm_start_rows(SimpleNamespace(warm_start=str(folder), warm_start_fraction=None))

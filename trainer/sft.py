@@ -63,6 +63,13 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``."""
     p = Path(path)
     if p.is_dir():
+        from llm_gym.cli import check_hf_folder
+
+        try:
+            # state.json names the files load_from_disk opens: each must be a file inside the folder
+            check_hf_folder(str(p))
+        except ValueError as e:
+            raise DataError(str(e)) from None
         try:
             from datasets import Dataset, load_from_disk
 
