@@ -112,3 +112,39 @@ def test_warm_start_refuses_the_same_folder(tmp_path):
     folder = _traversing_folder(tmp_path)
     with pytest.raises(DataError, match="not a file name inside the folder"):
         warm_start_rows(SimpleNamespace(warm_start=str(folder), warm_start_fraction=None))
+
+
+# ------------------------------------------------------------------------------------------ L7: lone surrogates
+def _surrogate_row() -> dict:
+    row = _ragen_row("llmgym/Bandit-v0", {})
+    row["chat"] = None
+    row["messages"][1]["content"] = "\ud800<answer>Left</answer>"
+    return row
+
+
+def test_a_lone_surrogate_in_a_row_is_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from llm_gym.trainer.warm_start import check_rows as warm_start_check
+
+    with pytest.raises(
+        DataError, match=r"row 0: message 1 holds a lone surrogate \(U\+D800 at character 0\)"
+    ):
+        check_rows([_surrogate_row()])
+    config = SimpleNamespace(env="llmgym/Bandit-v0", eval_seed=123, num_eval_seeds=0)
+    with pytest.raises(DataError, match="lone surrogate"):
+        warm_start_check(config, [_surrogate_row()])
+    # a pair spelled by JSON escapes is one character, and valid
+    row = _surrogate_row()
+    row["messages"][1]["content"] = json.loads('"\\ud83d\\ude00<answer>Left</answer>"')
+    check_rows([row])
+
+
+def test_llmgym_sft_reports_a_lone_surrogate_in_one_line(tiny_dir, tmp_path, capsys):
+    from llm_gym.trainer.sft import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(_surrogate_row()) + "\n")  # json.dumps writes it as the escape \ud800
+    rc = main(["--model", str(tiny_dir), "--data", str(data), "--output_dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "lone surrogate" in err, err

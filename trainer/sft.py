@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -52,6 +53,7 @@ MAX_DATA_BYTES = 512 * 1024**2
 #: Written into output_dir and output_dir/final: the data, settings and speed of the run.
 SFT_FILE = "llmgym_sft.json"
 _ROLES = ("system", "user", "assistant")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class DataError(ValueError):
@@ -117,10 +119,16 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
     if not isinstance(messages, list) or not 0 < len(messages) <= MAX_ROW_MESSAGES:
         raise DataError(f"{where}: 'messages' must be a list of 1 to {MAX_ROW_MESSAGES} chat messages")
     out, chars = [], 0
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
             raise DataError(f"{where}: every message needs a role ({', '.join(_ROLES)}) and a string content")
         chars += len(m["content"])
+        if chars <= MAX_ROW_CHARS and (bad := _LONE_SURROGATE.search(m["content"])) is not None:
+            # JSON escapes can spell one ("\ud800"); a tokenizer takes only valid Unicode text
+            raise DataError(
+                f"{where}: message {i} holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+                "which is not Unicode text; fix or drop the row"
+            )
         out.append({"role": m["role"], "content": m["content"]})
     if chars > MAX_ROW_CHARS:
         raise DataError(f"{where}: {chars} characters of content, more than {MAX_ROW_CHARS}")
