@@ -18,6 +18,17 @@ from llm_gym.trainer.sft import DataError, check_rows, load_rows  # noqa: E402
 RAGEN_CHAT = json.dumps({"chat_style": "ragen"})
 
 
+def _one_error_line(err: str) -> str:
+    """The one error line of a command's stderr (transformers' loading progress bars aside), checked to be one."""
+    lines = [
+        line
+        for line in err.replace("\r", "\n").splitlines()
+        if line.strip() and "Loading weights" not in line
+    ]
+    assert len(lines) == 1 and lines[0].startswith("llmgym-"), err
+    return lines[0]
+
+
 def _ragen_row(env_id: str, env_kwargs: dict, seed: int = 1000) -> dict:
     return {
         "messages": [
@@ -148,3 +159,60 @@ def test_llmgym_sft_reports_a_lone_surrogate_in_one_line(tiny_dir, tmp_path, cap
     rc = main(["--model", str(tiny_dir), "--data", str(data), "--output_dir", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "lone surrogate" in err, err
+
+
+# ------------------------------------------------------------------------------------------ L8: rows over the context
+FL = "llmgym/CoordFrozenLake-v0"
+FL_KW = {
+    "success_rate": 1.0,
+    "size": 3,
+    "max_turns": 3,
+    "max_actions_per_turn": 1,
+    "max_actions": 3,
+    "think": False,
+}
+
+
+def _small_context_model(tiny_dir: str, tmp_path: Path, positions: int) -> Path:
+    import shutil
+
+    model = tmp_path / "tiny_small_context"
+    shutil.copytree(tiny_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def _fl_rows(seeds) -> list[dict]:
+    from llm_gym.agent.chat import ChatFormat
+    from llm_gym.agent.export import export_episodes
+
+    return export_episodes(FL, seeds, env_kwargs=FL_KW, chat=ChatFormat(include_instructions=False)).rows
+
+
+def test_rows_longer_than_the_models_context_are_dropped_with_a_warning(tiny_dir, tmp_path, capsys):
+    from llm_gym.trainer.sft import main
+
+    from llm_gym.agent.export import write_jsonl
+
+    rows = _fl_rows(range(300, 303))
+    long = json.loads(json.dumps(rows[0]))
+    long["seed"] = 400
+    long["messages"][1]["content"] += " the lake is wide" * 200  # far more tokens than 512 positions
+    write_jsonl([*rows, long], tmp_path / "d.jsonl")
+    model = _small_context_model(tiny_dir, tmp_path, 512)
+    out = tmp_path / "o"
+    argv = ["--model", str(model), "--data", str(tmp_path / "d.jsonl"), "--output_dir", str(out), "--max_steps", "1",
+            "--per_device_train_batch_size", "2", "--report_to", "none", "--disable_tqdm", "True"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "final" / "llmgym_sft.json").read_text())
+    assert summary["data"]["dropped_too_long"] == 1 and summary["data"]["rows"] == 3
+    assert summary["data"]["max_length"] == 512 and summary["data"]["max_tokens"] <= 512
+    assert "dropped 1 episode(s) longer than 512 tokens (the model's context" in capsys.readouterr().out
+    # every row over the context: one line, exit 2
+    write_jsonl([long], tmp_path / "long.jsonl")
+    argv = [*argv[:3], str(tmp_path / "long.jsonl"), "--output_dir", str(tmp_path / "o2"), *argv[6:]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "every row is longer than 512 tokens" in _one_error_line(err)

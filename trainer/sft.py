@@ -373,7 +373,7 @@ def build_dataset(
         masks.append(ex["assistant_masks"])
         lengths.append(len(ex["input_ids"]))
     if not ids:
-        raise DataError(f"every row is longer than max_length={max_length} tokens")
+        raise DataError(f"every row is longer than {max_length} tokens (max_length, or the model's context)")
     trained_tokens = sum(sum(m) for m in masks)
     stats = {
         "rows": len(ids),
@@ -387,6 +387,14 @@ def build_dataset(
 
 
 # ------------------------------------------------------------------------------------------------------ training
+def model_context(model: Any) -> int | None:
+    """The longest sequence ``model`` has positions for (its config's ``max_position_embeddings``), or None when
+    its config names none."""
+    config = getattr(model, "config", None)
+    n = getattr(getattr(config, "get_text_config", lambda: config)(), "max_position_embeddings", None)
+    return n if is_int(n, numpy=False) and n > 0 else None
+
+
 class _RunSettings:
     """What :func:`llm_gym.trainer.output.write_run_file` reads, from the data's shared settings."""
 
@@ -432,17 +440,21 @@ def train_sft(
     # The rollouts' template (TRL's training variant when the model's own rewrites history): SFT sequences are
     # then token for token what RL trains on.
     template = training_template_tokens(tokenizer, log=log)
-    dataset, stats = build_dataset(rows, template, config.max_length)
+    # without --max_length, an episode longer than the model's context is dropped (and counted) like one longer
+    # than --max_length: trained at full length it fills memory, and the model has no positions for it
+    max_length = config.max_length if config.max_length is not None else model_context(model)
+    dataset, stats = build_dataset(rows, template, max_length)
+    stats["max_length"] = max_length
     log(
         f"llmgym-sft: {stats['rows']} episodes ({', '.join(f'{n} {p}' for p, n in settings['policies'].items())}), "
         f"{stats['tokens']} tokens ({stats['trained_tokens']} trained, mean {stats['mean_tokens']:.0f} per "
         f"episode), seeds {settings['seeds']}"
-        + (
-            f"; dropped {stats['dropped_too_long']} longer than {config.max_length}"
-            if stats["dropped_too_long"]
-            else ""
-        )
     )
+    if stats["dropped_too_long"]:
+        log(
+            f"llmgym-sft: warning: dropped {stats['dropped_too_long']} episode(s) longer than {max_length} tokens"
+            + (" (the model's context; --max_length sets another limit)" if config.max_length is None else "")
+        )
     from llm_gym.trainer.deprecations import old_checkpointing_names
 
     with old_checkpointing_names():  # TRL's and PEFT's calls use the old names; the user cannot act on them
