@@ -216,3 +216,96 @@ def test_rows_longer_than_the_models_context_are_dropped_with_a_warning(tiny_dir
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "every row is longer than 512 tokens" in _one_error_line(err)
+
+
+# ------------------------------------------------------------------------------------------ M6: memory and workers
+def _tiny_rows_file(path: Path, n: int) -> Path:
+    """``n`` valid rows of one short user and one short assistant message (about 95 bytes each)."""
+    with path.open("w") as f:
+        for i in range(n):
+            row = {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+            f.write(json.dumps({**row, "seed": 1000 + i}) + "\n")
+    return path
+
+
+def test_loaded_rows_take_about_the_datas_size(tmp_path):
+    """10,000 tiny rows (0.9 MB): held as a list of dicts they took 10x the file; now about its size."""
+    import tracemalloc
+
+    path = _tiny_rows_file(tmp_path / "d.jsonl", 10_000)
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        rows = load_rows(path)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(rows) == 10_000 and rows[5]["seed"] == 1005 and rows[-1]["seed"] == 10_999
+    assert held < 1.5 * size + 8 * len(rows) + 100_000, (held, size)
+    check_rows(rows)  # every check reads them as before
+    assert [r["seed"] for r in rows[:3]] == [1000, 1001, 1002] and next(iter(rows)) == rows[0]
+
+
+class _FakeTemplate:
+    """ChatTemplateTokens' interface without Jinja or a tokenizer: ids above 256 (Python caches small ints)."""
+
+    end_of_turn_id = 1000
+
+    def encode(self, text):
+        return [300 + (ord(c) % 50) for c in text]
+
+    def prompt_ids(self, messages):
+        return [400 + i for i in range(12)] + self.encode(messages[-1]["content"])
+
+    def between_turns_ids(self, history, next_user):
+        return [500] + self.encode(next_user)
+
+
+def test_tokenized_rows_take_a_few_bytes_a_token(tmp_path):
+    """The tokens of 10,000 rows: as lists of Python ints about 45 bytes a token; now 5 (+ Arrow's copy)."""
+    import tracemalloc
+
+    import datasets  # noqa: F401 - imported before measuring
+    import pyarrow as pa
+    from llm_gym.trainer.sft import build_dataset
+
+    rows = load_rows(_tiny_rows_file(tmp_path / "d.jsonl", 10_000))
+    build_dataset(rows[:2], _FakeTemplate())  # what a first call sets up once
+    arrow0 = pa.total_allocated_bytes()
+    tracemalloc.start()
+    try:
+        dataset, stats = build_dataset(rows, _FakeTemplate())
+        python_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    tokens = stats["tokens"]
+    assert stats["rows"] == 10_000 and tokens > 150_000
+    assert python_peak < 8 * tokens + 8 * len(rows) + 1_000_000, (python_peak, tokens)
+    assert pa.total_allocated_bytes() - arrow0 < 12 * tokens + 16 * len(rows), tokens
+    first = dataset[0]
+    assert first["input_ids"][-2:] == [300 + ord("a") % 50, 1000] and first["assistant_masks"][-2:] == [1, 1]
+    assert sum(first["assistant_masks"]) == 2 and len(first["input_ids"]) == len(first["assistant_masks"])
+
+
+def test_a_tokenizer_panic_ends_llmgym_sft_with_one_line(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A panicking Rust tokenizer raises a BaseException (pyo3's PanicException): one line, exit 1, no hang."""
+    import os
+
+    import llm_gym.trainer.sft as sft
+
+    class PanicException(BaseException):  # what pyo3 raises
+        pass
+
+    def panic(*a, **k):
+        raise PanicException("Onig: Regex search error: fail to memory allocation")
+
+    monkeypatch.setattr(sft, "tokenize_conversation", panic)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    data = _tiny_rows_file(tmp_path / "d.jsonl", 3)
+    start = time.perf_counter()
+    rc = sft.main(["--model", str(tiny_dir), "--data", str(data), "--output_dir", str(tmp_path / "o")])
+    assert rc == 1 and time.perf_counter() - start < 120
+    line = _one_error_line(capsys.readouterr().err)
+    assert "row 0: tokenizing failed (PanicException: Onig: Regex search error" in line
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # no tokenizer thread pool to panic in

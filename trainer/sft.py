@@ -29,14 +29,16 @@ Weights stay in float32; ``--bf16 True`` computes in bf16 autocast (the default 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
 import shutil
 import sys
 import time
+from array import array
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,55 @@ class DataError(ValueError):
     """Training data that cannot be used; the message names the row and what is wrong."""
 
 
+class WorkerError(RuntimeError):
+    """The tokenizer (or the template) failed on a row for a reason not in the data: out of memory, a panicking
+    tokenizer thread. The message names the row; ``llmgym-sft`` prints it as one line (exit 1)."""
+
+
 # ------------------------------------------------------------------------------------------------------ data
-def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``."""
+class DataRows(Sequence[dict[str, Any]]):
+    """Data rows held as their JSON text (one buffer, and where each row ends in it), each parsed when read.
+
+    A parsed row costs far more than its text: a row of two short messages is about 50 bytes of JSON and 1 KB of
+    Python objects, so 1,000,000 such rows took gigabytes as a list of dicts. Held this way they take the data's
+    own size plus 8 bytes a row; every pass over them (the checks, the tokenisation) parses each row again, a few
+    microseconds for a small row. Every read gives a new dict."""
+
+    def __init__(self) -> None:
+        self._text = bytearray()
+        self._ends = array("q")
+
+    def _append(self, text: bytes) -> None:
+        self._text += text
+        self._ends.append(len(self._text))
+
+    def _row(self, i: int) -> dict[str, Any]:
+        start = self._ends[i - 1] if i else 0
+        return json.loads(self._text[start : self._ends[i]])
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._row(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("row index out of range")
+        return self._row(i % n)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = 0
+        for end in self._ends:
+            yield json.loads(self._text[start:end])
+            start = end
+
+
+def load_rows(path: str | os.PathLike) -> DataRows:
+    """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``, as
+    :class:`DataRows` (held as JSON text: memory about the data's size)."""
     p = Path(path)
+    rows = DataRows()
     if p.is_dir():
         from llm_gym.cli import check_hf_folder
 
@@ -84,24 +131,37 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             )
         if len(data) > MAX_ROWS:
             raise DataError(f"{p}: {len(data)} rows, more than the {MAX_ROWS} a warm start reads")
-        if data.data.nbytes > MAX_DATA_BYTES:  # memory-mapped until the rows are read into memory below
+        if data.data.nbytes > MAX_DATA_BYTES:  # memory-mapped until the rows are read below
             raise DataError(f"{p}: {data.data.nbytes} bytes of data, more than {MAX_DATA_BYTES}")
-        rows = [dict(r) for r in data]
+        for n, row in enumerate(data):
+            try:
+                rows._append(json.dumps(row).encode("ascii"))  # ASCII: a lone surrogate stays an escape
+            except (TypeError, ValueError) as e:
+                raise DataError(f"{p}: row {n} is not plain JSON data ({e})") from None
     elif p.is_file():
-        from llm_gym.agent.export import read_jsonl
+        from llm_gym import _jsonl
 
         if p.stat().st_size > MAX_DATA_BYTES:
             raise DataError(
                 f"{p}: {p.stat().st_size} bytes, more than the {MAX_DATA_BYTES} a warm start reads"
             )
-        rows = []
-        for row in read_jsonl(p):  # bounded lines; a bad line is a ValueError naming it
-            rows.append(row)
-            if len(rows) > MAX_ROWS:
-                raise DataError(f"{p}: more than {MAX_ROWS} rows")
+        with p.open("rb") as f:  # bounded lines; a bad line is a ValueError naming it
+            for number, raw in _jsonl.iter_lines(f, path=str(p), max_total_bytes=MAX_DATA_BYTES):
+                if not raw.strip():
+                    continue
+                try:
+                    row = _jsonl.decode_json(raw)
+                except ValueError as e:
+                    raise ValueError(f"{p}:{number}: {e}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{p}:{number}: a row must be a JSON object")
+                del row  # checked; kept as its text
+                rows._append(raw.strip())
+                if len(rows) > MAX_ROWS:
+                    raise DataError(f"{p}: more than {MAX_ROWS} rows")
     else:
         raise DataError(f"data {str(path)!r} not found (a JSONL file or a datasets folder)")
-    if not rows:
+    if not len(rows):
         raise DataError(f"{p}: no rows")
     return rows
 
@@ -150,11 +210,15 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
 def check_rows(rows: Sequence[Any]) -> dict[str, Any]:
     """Validate every row (:func:`row_conversation`) and what the rows share (:func:`data_settings`, returned),
     so that bad data stops a run before any model loads."""
+    envs = set()
     for n, row in enumerate(rows):
         row_conversation(row, n)
+        env = (row.get("env_id"), row.get("env_kwargs"), row.get("chat"))
+        if all(isinstance(v, (str, type(None))) for v in env):  # data_settings names any other
+            envs.add(env)
     settings = data_settings(rows)
     # each env the rows name (RAGEN style: made for its think setting), checked now rather than after the model loads
-    for env_id, kwargs, chat in {(r.get("env_id"), r.get("env_kwargs"), r.get("chat")) for r in rows}:
+    for env_id, kwargs, chat in envs:
         _prefix(env_id, kwargs, chat)
     return settings
 
@@ -170,25 +234,26 @@ def seed_ranges(seeds: Iterable[int]) -> list[list[int]]:
     return out
 
 
-def data_seeds(rows: Iterable[Mapping[str, Any]]) -> list[int]:
-    """The seeds the rows were played on (rows without an integer ``seed`` are left out)."""
-    return sorted({r["seed"] for r in rows if is_int(r.get("seed"), numpy=False)})
-
-
 def check_seeds(rows: Sequence[Mapping[str, Any]], eval_seeds: Sequence[int] | range) -> None:
     """Refuse data played on an evaluation seed (:class:`DataError` with how many and which), and data whose rows
     carry no seed when there are evaluation seeds to protect."""
     if not len(eval_seeds):
         return
-    missing = sum(not is_int(r.get("seed"), numpy=False) for r in rows)
+    lo, hi = min(eval_seeds), max(eval_seeds)
+    wanted = set(eval_seeds)
+    missing, found = 0, set()
+    for r in rows:  # one pass: the rows may be parsed anew on each (DataRows)
+        seed = r.get("seed")
+        if not is_int(seed, numpy=False):
+            missing += 1
+        elif lo <= seed <= hi and seed in wanted:
+            found.add(seed)
     if missing:
         raise DataError(
             f"{missing} row(s) carry no integer 'seed', so their overlap with the evaluation seeds cannot be "
             "checked; export the data with llmgym export (or pass --num_eval_seeds 0 to train without the check)"
         )
-    lo, hi = min(eval_seeds), max(eval_seeds)
-    wanted = set(eval_seeds)
-    overlap = sorted(s for s in data_seeds(rows) if lo <= s <= hi and s in wanted)
+    overlap = sorted(found)
     if overlap:
         shown = ", ".join(map(str, overlap[:5])) + (", ..." if len(overlap) > 5 else "")
         raise DataError(
@@ -208,7 +273,14 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     policy's seeds as ``[first, last]`` runs)."""
     from llm_gym.agent.chat import CHAT_SETTINGS, ChatFormat, chat_format_from_settings
 
-    for n, r in enumerate(rows):
+    chats: set[Any] = set()
+    envs: set[Any] = set()
+    kwargs_texts: set[Any] = set()
+    seeds: set[int] = set()
+    by_policy: dict[str, set[int]] = {}
+    policies: Counter[str] = Counter()
+    count = 0
+    for n, r in enumerate(rows):  # one pass: the rows may be parsed anew on each (DataRows)
         if not isinstance(r, Mapping):
             raise DataError(f"row {n}: a row must be a JSON object")
         for name in (
@@ -218,7 +290,15 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ):  # llmgym export writes text (JSON text for the last two)
             if not isinstance(r.get(name), (str, type(None))):
                 raise DataError(f"row {n}: {name!r} must be a string, as llmgym export writes it")
-    chats = {r.get("chat") for r in rows}
+        chats.add(r.get("chat"))
+        envs.add(r.get("env_id"))
+        kwargs_texts.add(r.get("env_kwargs"))
+        policy = _policy(r)
+        policies[policy] += 1
+        if is_int(seed := r.get("seed"), numpy=False):
+            seeds.add(seed)
+            by_policy.setdefault(policy, set()).add(seed)
+        count += 1
     if len(chats) > 1:
         raise DataError(
             "the rows were rendered with different chat settings ('chat'); train on one chat format at a time"
@@ -241,23 +321,18 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             chat_format_from_settings(chat)
         except ValueError as e:
             raise DataError(f"the rows' chat settings: {e}") from None
-    env, kwargs_text = _one({r.get("env_id") for r in rows}), _one({r.get("env_kwargs") for r in rows})
+    env, kwargs_text = _one(envs), _one(kwargs_texts)
     try:
         env_kwargs = json.loads(kwargs_text) if isinstance(kwargs_text, str) else None
     except ValueError:
         env_kwargs = None
-    seeds = data_seeds(rows)
-    by_policy: dict[str, list[int]] = {}
-    for r in rows:
-        if is_int(r.get("seed"), numpy=False):
-            by_policy.setdefault(_policy(r), []).append(r["seed"])
     return {
         "env": env if isinstance(env, str) else None,
         "env_kwargs": env_kwargs if isinstance(env_kwargs, dict) else None,
         "chat": chat,
-        "rows": len(rows),
-        "policies": dict(Counter(_policy(r) for r in rows)),
-        "seeds": [seeds[0], seeds[-1]] if seeds else None,
+        "rows": count,
+        "policies": dict(policies),
+        "seeds": [min(seeds), max(seeds)] if seeds else None,
         "num_seeds": len(seeds),
         "policy_seeds": {p: seed_ranges(s) for p, s in sorted(by_policy.items())},
     }
@@ -355,10 +430,18 @@ def build_dataset(
     rows: Sequence[Mapping[str, Any]], template: Any, max_length: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """A ``datasets.Dataset`` of ``input_ids`` / ``assistant_masks`` (one row per episode) and its statistics
-    (rows kept and dropped for ``max_length``, tokens, trained tokens)."""
-    from datasets import Dataset
+    (rows kept and dropped for ``max_length``, tokens, trained tokens).
 
-    ids, masks, dropped, lengths = [], [], 0, []
+    The tokens are gathered in flat arrays (4 bytes a token id, 1 a mask bit) and handed to Arrow as they are:
+    lists of Python ints cost about 45 bytes a token. A tokenizer or template failure on a row (a panicking
+    tokenizer thread, a ``MemoryError``) is a :class:`WorkerError` naming the row."""
+    import numpy as np
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    ids, masks, ends = array("i"), array("b"), array("q", [0])
+    dropped, longest = 0, 0
     for n, row in enumerate(rows):
         messages, trained = row_conversation(row, n)
         prefix = _prefix(row.get("env_id"), row.get("env_kwargs"), row.get("chat"))
@@ -366,24 +449,51 @@ def build_dataset(
             ex = tokenize_conversation(template, messages, trained, prefix)
         except DataError as e:
             raise DataError(f"row {n}: {e}") from None
-        if max_length is not None and len(ex["input_ids"]) > max_length:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - Rust tokenizers panic with a BaseException (PanicException)
+            raise WorkerError(f"row {n}: tokenizing failed ({type(e).__name__}: {_short(e)})") from None
+        length = len(ex["input_ids"])
+        if max_length is not None and length > max_length:
             dropped += 1
             continue
-        ids.append(ex["input_ids"])
-        masks.append(ex["assistant_masks"])
-        lengths.append(len(ex["input_ids"]))
-    if not ids:
+        ids.extend(ex["input_ids"])
+        masks.extend(ex["assistant_masks"])
+        ends.append(len(ids))
+        longest = max(longest, length)
+    if len(ends) == 1:
         raise DataError(f"every row is longer than {max_length} tokens (max_length, or the model's context)")
-    trained_tokens = sum(sum(m) for m in masks)
+    if len(ids) >= 2**31:  # Arrow list offsets are 32-bit
+        raise DataError(f"{len(ids)} tokens in all, more than the {2**31 - 1} one data set holds")
+    offsets = pa.array(np.frombuffer(ends, dtype=np.int64).astype(np.int32))
+    kept = len(ends) - 1
     stats = {
-        "rows": len(ids),
+        "rows": kept,
         "dropped_too_long": dropped,
-        "tokens": sum(lengths),
-        "trained_tokens": trained_tokens,
-        "mean_tokens": sum(lengths) / len(lengths),
-        "max_tokens": max(lengths),
+        "tokens": len(ids),
+        "trained_tokens": int(np.frombuffer(masks, dtype=np.int8).sum(dtype=np.int64)),
+        "mean_tokens": len(ids) / kept,
+        "max_tokens": longest,
     }
-    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}), stats
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(offsets, pa.array(np.frombuffer(ids, dtype=np.int32))),
+            "assistant_masks": pa.ListArray.from_arrays(
+                offsets, pa.array(np.frombuffer(masks, dtype=np.int8))
+            ),
+        }
+    )
+    # the tokens' own hash as the fingerprint: datasets would otherwise pickle the whole table to hash it
+    digest = hashlib.sha256()
+    for buffer in (ends, ids, masks):
+        digest.update(buffer)
+    stats["sha256"] = digest.hexdigest()
+    return Dataset(InMemoryTable(table), fingerprint=stats["sha256"][:16]), stats
+
+
+def _short(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or "no message"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------------ training
@@ -607,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``llmgym-sft``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # one text at a time gains nothing from the tokenizer's thread pool, and a panic in a pool thread hung the run
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return EXIT_OK
@@ -631,8 +743,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, ModelError, OutputLockedError, ValueError) as e:
         print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:
+    except (OSError, WorkerError) as e:
         print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except MemoryError:
+        print("llmgym-sft: error: out of memory", file=sys.stderr)
         return EXIT_RUNTIME
     finally:
         if lock is not None:
