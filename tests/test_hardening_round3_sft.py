@@ -309,3 +309,81 @@ def test_a_tokenizer_panic_ends_llmgym_sft_with_one_line(tiny_dir, tmp_path, cap
     line = _one_error_line(capsys.readouterr().err)
     assert "row 0: tokenizing failed (PanicException: Onig: Regex search error" in line
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # no tokenizer thread pool to panic in
+
+
+# ------------------------------------------------------------------------------------------ llmgym-sft --resume
+def _sft_argv(tiny_dir, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(tiny_dir), "--data", str(data), "--output_dir", str(out), "--max_steps", "4",
+            "--save_strategy", "steps", "--save_steps", "2", "--per_device_train_batch_size", "2",
+            "--learning_rate", "1e-2", "--logging_steps", "1", "--report_to", "none", "--disable_tqdm", "True",
+            *extra]  # fmt: skip
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _as_if_killed_after(run: Path, copy: Path, step: int) -> None:
+    """``copy``: the folder a kill of ``run`` right after its checkpoint at ``step`` leaves (that checkpoint
+    complete, a later one cut off without its marker, a half-saved final model, no final/ nor run files)."""
+    import shutil
+
+    from llm_gym.trainer.output import MARKER
+
+    shutil.copytree(run, copy)
+    for name in ("final", "llmgym_sft.json", "llmgym_run.json"):
+        p = copy / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    later = sorted(p for p in copy.glob("checkpoint-*") if int(p.name.split("-")[1]) > step)
+    for p in later[1:]:
+        shutil.rmtree(p)
+    (later[0] / MARKER).unlink()  # killed while saving it
+    (copy / ".final.partial").mkdir()
+
+
+def test_llmgym_sft_resumes_from_its_last_checkpoint_to_the_same_weights(tiny_dir, tmp_path, capsys):
+    """A 4-step run killed after checkpoint-2 and resumed ends with the uninterrupted run's weights, optimizer and
+    schedule included; a finished run resumed trains no step; other data is refused."""
+    import torch
+    from llm_gym.trainer.sft import main
+
+    from llm_gym.agent.export import write_jsonl
+
+    data = tmp_path / "d.jsonl"
+    write_jsonl(_fl_rows(range(300, 308)), data)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(_sft_argv(tiny_dir, data, whole)) == 0
+    assert (whole / "checkpoint-2" / "llmgym_checkpoint.json").is_file()  # each checkpoint gets its marker
+    _as_if_killed_after(whole, killed, 2)
+    capsys.readouterr()
+    # without --resume the rerun is refused, and pointed to it; --resume with --overwrite_output_dir too
+    assert main(_sft_argv(tiny_dir, data, killed)) == 2
+    assert "pass --resume to continue its run" in _one_error_line(capsys.readouterr().err)
+    assert main(_sft_argv(tiny_dir, data, killed, "--resume", "--overwrite_output_dir")) == 2
+    assert "exclude each other" in _one_error_line(capsys.readouterr().err)
+    assert (killed / "checkpoint-2").is_dir()  # nothing removed by the refusals
+
+    assert main(_sft_argv(tiny_dir, data, killed, "--resume")) == 0
+    out = capsys.readouterr().out
+    assert f"llmgym-sft: resuming from {killed / 'checkpoint-2'} (step 2); skipped checkpoint-4: no " in out
+    assert "2 steps in" in out and "resumed at step 2, 4 in all" in out
+    summary = json.loads((killed / "final" / "llmgym_sft.json").read_text())
+    assert (
+        summary["resumed_at_step"] == 2 and summary["steps"] == 4 and not (killed / ".final.partial").exists()
+    )
+    assert [s for s, _ in summary["loss_curve"]] == [1, 2, 3, 4]
+    a, b = _weights(whole / "final"), _weights(killed / "final")
+    before = _weights(Path(tiny_dir))
+    assert any(not torch.equal(a[k], before[k]) for k in a)  # it trained
+    assert all(torch.equal(a[k], b[k]) for k in a), max((a[k] - b[k]).abs().max().item() for k in a)
+
+    # a finished run resumed: no step more, the same final model
+    assert main(_sft_argv(tiny_dir, data, killed, "--resume")) == 0
+    assert "checkpoint-4 is at step 4 of max_steps 4: no step left to train" in capsys.readouterr().out
+    assert all(torch.equal(a[k], v) for k, v in _weights(killed / "final").items())
+    # other data: refused, not silently mixed into the run
+    write_jsonl(_fl_rows(range(300, 307)), data)
+    assert main(_sft_argv(tiny_dir, data, killed, "--resume")) == 2
+    assert "is not what checkpoint-4 was trained on" in _one_error_line(capsys.readouterr().err)

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from array import array
@@ -54,6 +53,8 @@ MAX_ROW_CHARS = 2_000_000
 MAX_DATA_BYTES = 512 * 1024**2
 #: Written into output_dir and output_dir/final: the data, settings and speed of the run.
 SFT_FILE = "llmgym_sft.json"
+#: Written into each checkpoint: the rows, tokens and token hash it was trained on (``--resume`` checks them).
+SFT_DATA_FILE = "llmgym_sft_data.json"
 _ROLES = ("system", "user", "assistant")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -527,16 +528,27 @@ def train_sft(
     *,
     merge_lora: bool = False,
     callbacks: Sequence[Any] = (),
+    resume_from_checkpoint: str | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Fine-tune ``model_name`` on ``rows`` with ``config`` (an ``LLMGymSFTConfig``); save ``output_dir/final``
     with its ``llmgym_run.json`` and ``llmgym_sft.json``; return the summary written there. ``merge_lora``: with
     ``use_peft``, save the base model with the adapter merged in (a full model, which ``llmgym-train --use_peft``
     can put a new adapter on) instead of the adapter. ``callbacks``: extra ``TrainerCallback`` objects (e.g. an
-    evaluation at given steps)."""
+    evaluation at given steps). ``resume_from_checkpoint``: a complete checkpoint of this run (``llmgym-sft
+    --resume``; its data must be these rows, tokenised alike), continued as ``llmgym-train --resume`` does: one at
+    ``max_steps`` trains no further step."""
+    from llm_gym.trainer.callbacks import CheckpointMarkerCallback
     from llm_gym.trainer.chat_templates import training_template_tokens
     from llm_gym.trainer.lora import peft_config
-    from llm_gym.trainer.output import FINAL_DIR, FINAL_PARTIAL, write_run_file
+    from llm_gym.trainer.output import (
+        FINAL_DIR,
+        FINAL_PARTIAL,
+        checkpoint_step,
+        load_finished_checkpoint,
+        training_finished,
+        write_run_file,
+    )
     from llm_gym.trainer.precision import load_for_training
     from llm_gym.trainer.resolve import has_gpu
     from trl import SFTTrainer
@@ -565,8 +577,13 @@ def train_sft(
             f"llmgym-sft: warning: dropped {stats['dropped_too_long']} episode(s) longer than {max_length} tokens"
             + (" (the model's context; --max_length sets another limit)" if config.max_length is None else "")
         )
+    data = {k: stats[k] for k in ("rows", "tokens", "sha256")}  # what the run trains on, in each checkpoint
+    if resume_from_checkpoint:
+        check_resume_data(resume_from_checkpoint, data)
+    start = checkpoint_step(resume_from_checkpoint) if resume_from_checkpoint else 0
     from llm_gym.trainer.deprecations import old_checkpointing_names
 
+    marker = CheckpointMarkerCallback({SFT_DATA_FILE: json.dumps(data) + "\n"})
     with old_checkpointing_names():  # TRL's and PEFT's calls use the old names; the user cannot act on them
         trainer = SFTTrainer(
             model=model,
@@ -574,10 +591,15 @@ def train_sft(
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=peft_config(config),
-            callbacks=list(callbacks) or None,
+            callbacks=[marker, *callbacks],
         )
         t0, c0 = time.perf_counter(), time.process_time()
-        result = trainer.train()
+        if resume_from_checkpoint and training_finished(start, config.max_steps):
+            # Trainer.train would run one step more before it checks max_steps (as for llmgym-train)
+            load_finished_checkpoint(trainer, resume_from_checkpoint, log=log, prog="llmgym-sft")
+            training_loss = None
+        else:
+            training_loss = trainer.train(resume_from_checkpoint=resume_from_checkpoint).training_loss
     # CPU time of this process (one torch thread on CPU): the speed that contention on a shared machine does not hide
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     # final/ is whole or absent (as llmgym-train's): saved beside, completed with the run files, then renamed
@@ -597,8 +619,12 @@ def train_sft(
     trainer.accelerator.wait_for_everyone()
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
-    tokens = next((h["num_tokens"] for h in reversed(history) if "num_tokens" in h), None)
+    counts = [(h.get("step", 0), h["num_tokens"]) for h in history if "num_tokens" in h]
+    # speeds count what this process trained: a resumed run's history holds the killed run's steps too
+    before = max((n for step, n in counts if step <= start), default=0)
+    tokens = counts[-1][1] - before if counts and counts[-1][0] > start else None
     steps = int(trainer.state.global_step)
+    steps_now = steps - start
     summary = {
         "data": {**settings, **stats, "path": str(config.data) if config.data else None},
         "eval_seeds_checked": [config.eval_seed, config.eval_seed + config.num_eval_seeds - 1]
@@ -618,14 +644,16 @@ def train_sft(
             "seed": config.seed,
         },
         "steps": steps,
+        "resumed_from": str(resume_from_checkpoint) if resume_from_checkpoint else None,
+        "resumed_at_step": start,
         "train_seconds": round(wall, 1),
         "train_cpu_seconds": round(cpu, 1),
-        "steps_per_second": steps / wall if wall > 0 else None,
+        "steps_per_second": steps_now / wall if wall > 0 else None,
         "tokens_per_second": float(tokens) / wall if tokens and wall > 0 else None,
         "tokens_per_cpu_second": float(tokens) / cpu if tokens and cpu > 0 else None,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "train_loss": result.training_loss,
+        "train_loss": training_loss,
         "loss_curve": [[h["step"], h["loss"]] for h in history if "loss" in h],
     }
     if main_process:
@@ -636,15 +664,35 @@ def train_sft(
         replace_dir(partial, final)
     speed, cpu_speed = summary["tokens_per_second"], summary["tokens_per_cpu_second"]
     log(
-        f"llmgym-sft: {steps} steps in {wall:.0f}s ({steps / wall if wall else 0:.3f} steps/s"
+        f"llmgym-sft: {steps_now} steps in {wall:.0f}s ({steps_now / wall if wall else 0:.3f} steps/s"
         + (
             f", {speed:.0f} tokens/s; {cpu:.0f} CPU-s, {cpu_speed:.0f} tokens per CPU-s"
             if speed and cpu_speed
             else ""
         )
-        + f"); loss {_num(summary['loss_first'])} -> {_num(summary['loss_last'])}; model {final}"
+        + f"); loss {_num(summary['loss_first'])} -> {_num(summary['loss_last'])}"
+        + (f"; resumed at step {start}, {steps} in all" if resume_from_checkpoint else "")
+        + f"; model {final}"
     )
     return summary
+
+
+def check_resume_data(checkpoint: str | os.PathLike, data: Mapping[str, Any]) -> None:
+    """Refuse to resume ``checkpoint`` on other data than it was trained on (:data:`SFT_DATA_FILE`: the rows'
+    count, tokens and the tokens' hash, so another file, another model's tokenizer or template differ too)."""
+    path = Path(checkpoint) / SFT_DATA_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.stat().st_size < 4096 else None
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise DataError(f"--resume: {path} is missing or unreadable; cannot check the data is the run's")
+    if {k: saved.get(k) for k in data} != dict(data):
+        raise DataError(
+            f"--resume: the data ({data['rows']} rows, {data['tokens']} tokens) is not what {Path(checkpoint).name} "
+            f"was trained on ({saved.get('rows')} rows, {saved.get('tokens')} tokens, another token hash); resume "
+            "with the same --data and --model, or start afresh with --overwrite_output_dir"
+        )
 
 
 def _num(x: Any) -> str:
@@ -676,6 +724,14 @@ def build_parser() -> Any:
         help="With --use_peft: save the model with the adapter merged in instead of the adapter.",
     )
     group.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="Resume from the newest complete checkpoint in output_dir (or from the given checkpoint folder), "
+        "on the same data; checkpoints are written with --save_strategy steps --save_steps N.",
+    )
+    group.add_argument(
         "--overwrite_output_dir",
         action="store_true",
         help="Start afresh in a non-empty output_dir (its final model and run files are removed first).",
@@ -687,21 +743,46 @@ def build_parser() -> Any:
 _OUTPUTS = ("final", ".final.partial", SFT_FILE, "llmgym_run.json", "README.md")
 
 
-def prepare_output_dir(output_dir: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse a non-empty output folder unless ``overwrite`` (then remove its SFT output and checkpoints)."""
-    from llm_gym.safe_io import LOCK_FILE
+def prepare_output_dir(
+    output_dir: str | os.PathLike, overwrite: bool, resume: str | None = None, log: Any = print
+) -> str | None:
+    """Check the output folder (the caller holds its lock) and return the checkpoint to resume from. A non-empty
+    folder needs ``resume`` (``"latest"`` or a checkpoint folder: continue its run, as ``llmgym-train --resume``;
+    the killed run's half-saved ``final/`` is removed) or ``overwrite`` (its SFT output and checkpoints are removed
+    first)."""
+    from llm_gym.trainer.output import FINAL_PARTIAL, WRITTEN_IN_PLACE, resolve_resume
+
+    from llm_gym.safe_io import LOCK_FILE, check_regular, remove_path
 
     out = Path(output_dir)
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite_output_dir exclude each other")
+    if resume:
+        if resume == "latest" and not out.is_dir():
+            raise ValueError(f"--resume: output folder {out} does not exist")
+        for name in WRITTEN_IN_PLACE:  # before anything changes: a planted README.md -> ~/file is refused
+            check_regular(out / name)
+        folder = resolve_resume(out, resume, log, prog="llmgym-sft")
+        for p in [out / FINAL_PARTIAL, *sorted(out.glob(".final.old-*"))]:  # a save of final/ cut short
+            if p.exists() or p.is_symlink():
+                remove_path(p)
+        return str(folder)
     entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
     if entries and not overwrite:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise ValueError(
-            f"output folder {out} is not empty ({shown}); pass --overwrite_output_dir to replace it"
+            f"output folder {out} is not empty ({shown}); pass --resume to continue its run from its last "
+            "checkpoint or --overwrite_output_dir to replace it"
         )
     for name in entries:
         p = out / name
-        if name in _OUTPUTS or (p.is_dir() and name.startswith("checkpoint-")):
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        if (
+            name in _OUTPUTS
+            or name.startswith(".final.old-")
+            or (p.is_dir() and name.startswith("checkpoint-"))
+        ):
+            remove_path(p)  # a link is removed itself, never what it points to
+    return None
 
 
 def cpu_arguments(argv: Sequence[str], gpu: bool) -> list[str]:
@@ -735,8 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_rows(rows)  # malformed rows, or rows that cannot share one chat, fail before the model loads
         check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
         lock = OutputLock(config.output_dir, "SFT run").acquire()
-        prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
-        train_sft(config, opts.model, rows, merge_lora=opts.merge_lora)
+        resume = prepare_output_dir(config.output_dir, opts.overwrite_output_dir, opts.resume)
+        train_sft(config, opts.model, rows, merge_lora=opts.merge_lora, resume_from_checkpoint=resume)
         from accelerate import PartialState
 
         PartialState().destroy_process_group()  # as llmgym-train: none left to interpreter shutdown (gloo aborts)
