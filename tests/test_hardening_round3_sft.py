@@ -387,3 +387,92 @@ def test_llmgym_sft_resumes_from_its_last_checkpoint_to_the_same_weights(tiny_di
     write_jsonl(_fl_rows(range(300, 307)), data)
     assert main(_sft_argv(tiny_dir, data, killed, "--resume")) == 2
     assert "is not what checkpoint-4 was trained on" in _one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------ M5, L9: chat templates
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+HUGE_OUTPUT = "{% for i in range(100000) %}{{ messages|tojson }}{% endfor %}" + CHATML  # 7 MB rendered
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from tests._tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer("chatml")
+
+
+def _with_template(tok, template):
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = template
+    return t
+
+
+def test_trls_check_never_renders_a_template_trl_does_not_ship(tok, monkeypatch):
+    """TRL's training-variant check renders and tokenises outside the size bound (7 MB cost 4.2 GB and 32 s, and
+    a SIGABRT under a 3 GB cap): it is asked only about TRL's own templates."""
+    import trl.chat_template_utils as trl_templates
+    from llm_gym.trainer.chat_templates import check_template, training_template_tokens
+
+    asked = []
+    monkeypatch.setattr(trl_templates, "get_training_chat_template", lambda t: asked.append(t) or None)
+    huge = _with_template(tok, HUGE_OUTPUT)
+    start = time.perf_counter()
+    check = check_template(huge)
+    assert not asked
+    verdict = check.lines()[-1]
+    assert not check.ok and "NOT USABLE: the template rendered more than 1,000,120 characters" in verdict, (
+        verdict
+    )
+    from llm_gym.agent.templates import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="rendered more than"):
+        training_template_tokens(huge)
+    assert not asked and time.perf_counter() - start < 10
+    # a template TRL ships is still asked about (Qwen3's, which TRL has a variant of)
+    from llm_gym.trainer.chat_templates import trl_known_templates
+    from trl.chat_template_utils import qwen3_chat_template
+
+    assert qwen3_chat_template in trl_known_templates()
+    check_template(_with_template(tok, qwen3_chat_template))
+    assert len(asked) == 1
+
+
+def test_template_output_is_bounded_while_it_renders(tok):
+    """Nested loops that each emit a fresh string: stopped at the size bound at once, not at the deadline after
+    gigabytes (2.68 GB in 9.8 s before)."""
+    import tracemalloc
+
+    from llm_gym.agent.templates import TemplateRenderError, render_chat_template
+
+    looping = (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ 'ab' * 50 ~ i }}{% endfor %}{% endfor %}"
+    )
+    macro = "{% macro m() %}{% for j in range(100000) %}{{ 'ab' * 50 }}{% endfor %}{% endmacro %}"
+    macro += "{% for i in range(100000) %}{{ m() }}{% endfor %}"
+    messages = [{"role": "user", "content": "hi"}]
+    for template in (looping, macro):
+        tracemalloc.start()
+        start = time.perf_counter()
+        try:
+            with pytest.raises(TemplateRenderError, match="rendered more than 1,000,060 characters") as err:
+                render_chat_template(
+                    tok, messages, add_generation_prompt=True, chat_template=template, deadline_s=5
+                )
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert not err.value.timed_out and time.perf_counter() - start < 4
+        assert peak < 60_000_000, peak
+    # a normal render is unchanged, and outside our renders Jinja's join is the plain one
+    assert render_chat_template(tok, messages, add_generation_prompt=True, chat_template=CHATML).endswith(
+        "<|im_start|>assistant\n"
+    )
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    big = "{% for i in range(20000) %}{{ 'x' * 100 }}{% endfor %}"
+    assert len(ImmutableSandboxedEnvironment().from_string(big).render()) == 2_000_000
