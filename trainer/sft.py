@@ -468,7 +468,7 @@ def build_dataset(
         raise DataError(f"{len(ids)} tokens in all, more than the {2**31 - 1} one data set holds")
     offsets = pa.array(np.frombuffer(ends, dtype=np.int64).astype(np.int32))
     kept = len(ends) - 1
-    stats = {
+    stats: dict[str, Any] = {
         "rows": kept,
         "dropped_too_long": dropped,
         "tokens": len(ids),

@@ -106,7 +106,7 @@ def _bound_sandbox_output() -> None:
     """Make the sandboxed environment's ``concat`` :func:`_bounded_concat` (once; a no-op outside our renders)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    ImmutableSandboxedEnvironment.concat = staticmethod(_bounded_concat)  # type: ignore[assignment]
+    ImmutableSandboxedEnvironment.concat = staticmethod(_bounded_concat)
 
 
 class TemplateDeadline(BaseException):
