@@ -246,7 +246,7 @@ def test_load_rows_jsonl_and_datasets_folder(tmp_path):
     rows = export_episodes(FL, range(3), env_kwargs=FL_KW).rows
     write_jsonl(rows, tmp_path / "d.jsonl")
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
-    assert load_rows(tmp_path / "d.jsonl") == rows
+    assert list(load_rows(tmp_path / "d.jsonl")) == rows
     assert [r["messages"] for r in load_rows(tmp_path / "hf")] == [r["messages"] for r in rows]
     (tmp_path / "bad.jsonl").write_text("[1]\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):

@@ -6,7 +6,9 @@
 - :class:`EmptyStopCallback`: stops training after ``filter_empty_stop_steps`` rounds in a row with nothing kept;
 - :class:`CollapseReportCallback`: appends the MI / entropy / reward-variance / gradient-analysis series to a JSONL
   file;
-- :class:`RewardStdCollapseCallback`, :class:`LowSuccessStopCallback`: RAGEN's early stops (off by default).
+- :class:`RewardStdCollapseCallback`, :class:`LowSuccessStopCallback`: RAGEN's early stops (off by default);
+- :class:`CheckpointMarkerCallback`: ``llmgym-sft``'s checkpoints get the completion marker ``--resume`` looks for
+  (``llmgym-train``'s trainers write it in their own ``_save_checkpoint``).
 
 The collapse plot's callback (``CollapsePlotCallback``) lives with the trackers it draws for
 (:mod:`llm_gym.trainer.trackers`). Callbacks get what they use as constructor arguments (the trainer's public
@@ -280,3 +282,43 @@ def make_signal_callbacks(args: Any, trainer: Any, *, deepspeed: bool = False) -
                 )
             )
     return callbacks
+
+
+class CheckpointMarkerCallback(TrainerCallback):
+    """After each checkpoint of a plain TRL trainer (``llmgym-sft``'s ``SFTTrainer``): ``files`` (name -> text)
+    written into it, then, once every process saved, the completion marker
+    (:func:`~llm_gym.trainer.output.write_checkpoint_marker`) that makes it one ``--resume`` takes; only then the
+    rotation (``save_total_limit``). Trainer rotates inside its save, before this runs, so its own rotation is
+    turned off for the run: a kill during a save always leaves the previous complete checkpoint."""
+
+    def __init__(self, files: dict[str, str] | None = None):
+        self.files = dict(files or {})
+        self.limit: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.limit, args.save_total_limit = args.save_total_limit, None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        args.save_total_limit = self.limit
+
+    def on_save(self, args, state, control, **kwargs):
+        from accelerate import PartialState
+        from llm_gym.trainer.output import write_checkpoint_marker
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+        from llm_gym.safe_io import atomic_write_text
+
+        processes = PartialState()
+        processes.wait_for_everyone()  # every process's files (its RNG state) are in place
+        if args.should_save:
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            for name, text in self.files.items():
+                atomic_write_text(os.path.join(folder, name), text)
+            write_checkpoint_marker(folder, state.global_step, processes.num_processes)
+            rotate_checkpoints(
+                output_dir=args.output_dir,
+                save_total_limit=self.limit,
+                best_model_checkpoint=state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        processes.wait_for_everyone()

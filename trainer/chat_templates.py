@@ -16,6 +16,7 @@ is left unchanged, so the saved model keeps its own template for inference (``ll
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,10 +137,38 @@ class ChatTemplateTokens:
 # ----------------------------------------------------------------------------------------- checks and variants
 
 
+@functools.cache
+def trl_known_templates() -> frozenset[str]:
+    """The chat templates TRL has a training variant for: TRL recognises a template by its exact text, and ships
+    each one it recognises as ``trl/chat_templates/NAME.jinja`` beside its ``NAME_training.jinja``."""
+    try:
+        import trl
+
+        folder = Path(trl.__file__).parent / "chat_templates"
+        return frozenset(
+            (folder / f"{p.name[: -len('_training.jinja')]}.jinja").read_text(encoding="utf-8")
+            for p in sorted(folder.glob("*_training.jinja"))
+            if (folder / f"{p.name[: -len('_training.jinja')]}.jinja").is_file()
+        )
+    except (ImportError, OSError):  # pragma: no cover - TRL is a dependency of the trainer
+        return frozenset()
+
+
 def trl_training_template(tokenizer: Any) -> str | None:
     """TRL's training variant of the tokenizer's chat template, or None when TRL has none (or would not change
-    it). Never raises for an unknown template: TRL recognises templates by their exact text."""
-    if not getattr(tokenizer, "chat_template", None):
+    it). Never raises for an unknown template: TRL recognises templates by their exact text.
+
+    TRL's check renders and tokenises the template itself, outside :func:`render_chat_template`'s size bound
+    (and a Rust tokenisation cannot be interrupted by the deadline): a template rendering 7 MB cost 4.2 GB there.
+    So TRL is asked only about templates it ships (:func:`trl_known_templates`), whose text is TRL's own; any
+    other template, for which TRL has no variant anyway, is never rendered outside the bounds."""
+    current = getattr(tokenizer, "chat_template", None)
+    if isinstance(current, dict):
+        current = current.get("default")
+    if not isinstance(current, str) or not current:
+        return None
+    if current not in trl_known_templates():
+        logger.debug("no TRL training variant: TRL ships no such template")
         return None
     try:
         from trl.chat_template_utils import get_training_chat_template
@@ -154,9 +183,6 @@ def trl_training_template(tokenizer: Any) -> str | None:
     except Exception as e:  # noqa: BLE001 - TRL raises ValueError for unknown templates; a template may fail to render
         logger.debug("no TRL training variant: %s", e)
         return None
-    current = tokenizer.chat_template
-    if isinstance(current, dict):
-        current = current.get("default")
     return variant if isinstance(variant, str) and variant != current else None
 
 
@@ -343,6 +369,7 @@ __all__ = [
     "check_template",
     "template_stop_ids",
     "training_template_tokens",
+    "trl_known_templates",
     "trl_training_template",
     "variant_name",
 ]

@@ -1019,7 +1019,7 @@ class LLMGymSFTConfig(SFTConfig, ModelArguments, SFTDataArguments, LoRAArguments
         default=None,
         metadata={
             "help": "Longest episode in tokens; longer rows are dropped and counted (never truncated: a cut "
-            "episode would teach a partial game). None: no limit."
+            "episode would teach a partial game). None: the model's context (max_position_embeddings)."
         },
     )
 

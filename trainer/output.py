@@ -329,7 +329,10 @@ def training_finished(step: int, max_steps: Any) -> bool:
 
 
 def load_finished_checkpoint(
-    trainer: Any, checkpoint: str | os.PathLike, log: Callable[[str], None] = print
+    trainer: Any,
+    checkpoint: str | os.PathLike,
+    log: Callable[[str], None] = print,
+    prog: str = "llmgym-train",
 ) -> None:
     """Resume a run whose checkpoint is at ``max_steps`` without training: the trainer gets the checkpoint's state
     (step, log history) and its weights (and, through our trainer's loader, its signal state), so the final
@@ -342,7 +345,7 @@ def load_finished_checkpoint(
     trainer.state = TrainerState.load_from_json(str(folder / "trainer_state.json"))
     compat.load_checkpoint(trainer, str(folder))  # no public equivalent in transformers
     log(
-        f"llmgym-train: {folder.name} is at step {trainer.state.global_step} of max_steps "
+        f"{prog}: {folder.name} is at step {trainer.state.global_step} of max_steps "
         f"{trainer.args.max_steps}: no step left to train; running the final evaluation and saving the model"
     )
 
@@ -370,7 +373,9 @@ def save_final(trainer: Any, config: Any) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ the output folder
-def resolve_resume(output_dir: str | os.PathLike, resume: str, log: Callable[[str], None] = print) -> Path:
+def resolve_resume(
+    output_dir: str | os.PathLike, resume: str, log: Callable[[str], None] = print, prog: str = "llmgym-train"
+) -> Path:
     """The checkpoint ``--resume`` continues from (``"latest"``: the newest complete one), with a log line
     saying which. Incomplete checkpoints newer than it are removed (the resumed run writes them again).
 
@@ -404,7 +409,7 @@ def resolve_resume(output_dir: str | os.PathLike, resume: str, log: Callable[[st
             )
         remove_path(other)
     note = "".join(f"; skipped {name}: {problem}" for name, problem in skipped)
-    log(f"llmgym-train: resuming from {folder} (step {step}){note}")
+    log(f"{prog}: resuming from {folder} (step {step}){note}")
     return folder
 
 

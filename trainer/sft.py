@@ -29,13 +29,15 @@ Weights stay in float32; ``--bf16 True`` computes in bf16 autocast (the default 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
-import shutil
+import re
 import sys
 import time
+from array import array
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +53,73 @@ MAX_ROW_CHARS = 2_000_000
 MAX_DATA_BYTES = 512 * 1024**2
 #: Written into output_dir and output_dir/final: the data, settings and speed of the run.
 SFT_FILE = "llmgym_sft.json"
+#: Written into each checkpoint: the rows, tokens and token hash it was trained on (``--resume`` checks them).
+SFT_DATA_FILE = "llmgym_sft_data.json"
 _ROLES = ("system", "user", "assistant")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class DataError(ValueError):
     """Training data that cannot be used; the message names the row and what is wrong."""
 
 
+class WorkerError(RuntimeError):
+    """The tokenizer (or the template) failed on a row for a reason not in the data: out of memory, a panicking
+    tokenizer thread. The message names the row; ``llmgym-sft`` prints it as one line (exit 1)."""
+
+
 # ------------------------------------------------------------------------------------------------------ data
-def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``."""
+class DataRows(Sequence[dict[str, Any]]):
+    """Data rows held as their JSON text (one buffer, and where each row ends in it), each parsed when read.
+
+    A parsed row costs far more than its text: a row of two short messages is about 50 bytes of JSON and 1 KB of
+    Python objects, so 1,000,000 such rows took gigabytes as a list of dicts. Held this way they take the data's
+    own size plus 8 bytes a row; every pass over them (the checks, the tokenisation) parses each row again, a few
+    microseconds for a small row. Every read gives a new dict."""
+
+    def __init__(self) -> None:
+        self._text = bytearray()
+        self._ends = array("q")
+
+    def _append(self, text: bytes) -> None:
+        self._text += text
+        self._ends.append(len(self._text))
+
+    def _row(self, i: int) -> dict[str, Any]:
+        start = self._ends[i - 1] if i else 0
+        return json.loads(self._text[start : self._ends[i]])
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._row(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("row index out of range")
+        return self._row(i % n)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = 0
+        for end in self._ends:
+            yield json.loads(self._text[start:end])
+            start = end
+
+
+def load_rows(path: str | os.PathLike) -> DataRows:
+    """The rows of ``llmgym export`` output: a JSONL file, or a folder written by ``datasets.save_to_disk``, as
+    :class:`DataRows` (held as JSON text: memory about the data's size)."""
     p = Path(path)
+    rows = DataRows()
     if p.is_dir():
+        from llm_gym.cli import check_hf_folder
+
+        try:
+            # state.json names the files load_from_disk opens: each must be a file inside the folder
+            check_hf_folder(str(p))
+        except ValueError as e:
+            raise DataError(str(e)) from None
         try:
             from datasets import Dataset, load_from_disk
 
@@ -75,24 +132,37 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             )
         if len(data) > MAX_ROWS:
             raise DataError(f"{p}: {len(data)} rows, more than the {MAX_ROWS} a warm start reads")
-        if data.data.nbytes > MAX_DATA_BYTES:  # memory-mapped until the rows are read into memory below
+        if data.data.nbytes > MAX_DATA_BYTES:  # memory-mapped until the rows are read below
             raise DataError(f"{p}: {data.data.nbytes} bytes of data, more than {MAX_DATA_BYTES}")
-        rows = [dict(r) for r in data]
+        for n, row in enumerate(data):
+            try:
+                rows._append(json.dumps(row).encode("ascii"))  # ASCII: a lone surrogate stays an escape
+            except (TypeError, ValueError) as e:
+                raise DataError(f"{p}: row {n} is not plain JSON data ({e})") from None
     elif p.is_file():
-        from llm_gym.agent.export import read_jsonl
+        from llm_gym import _jsonl
 
         if p.stat().st_size > MAX_DATA_BYTES:
             raise DataError(
                 f"{p}: {p.stat().st_size} bytes, more than the {MAX_DATA_BYTES} a warm start reads"
             )
-        rows = []
-        for row in read_jsonl(p):  # bounded lines; a bad line is a ValueError naming it
-            rows.append(row)
-            if len(rows) > MAX_ROWS:
-                raise DataError(f"{p}: more than {MAX_ROWS} rows")
+        with p.open("rb") as f:  # bounded lines; a bad line is a ValueError naming it
+            for number, raw in _jsonl.iter_lines(f, path=str(p), max_total_bytes=MAX_DATA_BYTES):
+                if not raw.strip():
+                    continue
+                try:
+                    row = _jsonl.decode_json(raw)
+                except ValueError as e:
+                    raise ValueError(f"{p}:{number}: {e}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{p}:{number}: a row must be a JSON object")
+                del row  # checked; kept as its text
+                rows._append(raw.strip())
+                if len(rows) > MAX_ROWS:
+                    raise DataError(f"{p}: more than {MAX_ROWS} rows")
     else:
         raise DataError(f"data {str(path)!r} not found (a JSONL file or a datasets folder)")
-    if not rows:
+    if not len(rows):
         raise DataError(f"{p}: no rows")
     return rows
 
@@ -110,10 +180,16 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
     if not isinstance(messages, list) or not 0 < len(messages) <= MAX_ROW_MESSAGES:
         raise DataError(f"{where}: 'messages' must be a list of 1 to {MAX_ROW_MESSAGES} chat messages")
     out, chars = [], 0
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
             raise DataError(f"{where}: every message needs a role ({', '.join(_ROLES)}) and a string content")
         chars += len(m["content"])
+        if chars <= MAX_ROW_CHARS and (bad := _LONE_SURROGATE.search(m["content"])) is not None:
+            # JSON escapes can spell one ("\ud800"); a tokenizer takes only valid Unicode text
+            raise DataError(
+                f"{where}: message {i} holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+                "which is not Unicode text; fix or drop the row"
+            )
         out.append({"role": m["role"], "content": m["content"]})
     if chars > MAX_ROW_CHARS:
         raise DataError(f"{where}: {chars} characters of content, more than {MAX_ROW_CHARS}")
@@ -135,9 +211,17 @@ def row_conversation(row: Any, index: int = 0) -> tuple[list[dict[str, str]], in
 def check_rows(rows: Sequence[Any]) -> dict[str, Any]:
     """Validate every row (:func:`row_conversation`) and what the rows share (:func:`data_settings`, returned),
     so that bad data stops a run before any model loads."""
+    envs = set()
     for n, row in enumerate(rows):
         row_conversation(row, n)
-    return data_settings(rows)
+        env = (row.get("env_id"), row.get("env_kwargs"), row.get("chat"))
+        if all(isinstance(v, (str, type(None))) for v in env):  # data_settings names any other
+            envs.add(env)
+    settings = data_settings(rows)
+    # each env the rows name (RAGEN style: made for its think setting), checked now rather than after the model loads
+    for env_id, kwargs, chat in envs:
+        _prefix(env_id, kwargs, chat)
+    return settings
 
 
 def seed_ranges(seeds: Iterable[int]) -> list[list[int]]:
@@ -151,25 +235,26 @@ def seed_ranges(seeds: Iterable[int]) -> list[list[int]]:
     return out
 
 
-def data_seeds(rows: Iterable[Mapping[str, Any]]) -> list[int]:
-    """The seeds the rows were played on (rows without an integer ``seed`` are left out)."""
-    return sorted({r["seed"] for r in rows if is_int(r.get("seed"), numpy=False)})
-
-
 def check_seeds(rows: Sequence[Mapping[str, Any]], eval_seeds: Sequence[int] | range) -> None:
     """Refuse data played on an evaluation seed (:class:`DataError` with how many and which), and data whose rows
     carry no seed when there are evaluation seeds to protect."""
     if not len(eval_seeds):
         return
-    missing = sum(not is_int(r.get("seed"), numpy=False) for r in rows)
+    lo, hi = min(eval_seeds), max(eval_seeds)
+    wanted = set(eval_seeds)
+    missing, found = 0, set()
+    for r in rows:  # one pass: the rows may be parsed anew on each (DataRows)
+        seed = r.get("seed")
+        if not is_int(seed, numpy=False):
+            missing += 1
+        elif lo <= seed <= hi and seed in wanted:
+            found.add(seed)
     if missing:
         raise DataError(
             f"{missing} row(s) carry no integer 'seed', so their overlap with the evaluation seeds cannot be "
             "checked; export the data with llmgym export (or pass --num_eval_seeds 0 to train without the check)"
         )
-    lo, hi = min(eval_seeds), max(eval_seeds)
-    wanted = set(eval_seeds)
-    overlap = sorted(s for s in data_seeds(rows) if lo <= s <= hi and s in wanted)
+    overlap = sorted(found)
     if overlap:
         shown = ", ".join(map(str, overlap[:5])) + (", ..." if len(overlap) > 5 else "")
         raise DataError(
@@ -189,7 +274,14 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     policy's seeds as ``[first, last]`` runs)."""
     from llm_gym.agent.chat import CHAT_SETTINGS, ChatFormat, chat_format_from_settings
 
-    for n, r in enumerate(rows):
+    chats: set[Any] = set()
+    envs: set[Any] = set()
+    kwargs_texts: set[Any] = set()
+    seeds: set[int] = set()
+    by_policy: dict[str, set[int]] = {}
+    policies: Counter[str] = Counter()
+    count = 0
+    for n, r in enumerate(rows):  # one pass: the rows may be parsed anew on each (DataRows)
         if not isinstance(r, Mapping):
             raise DataError(f"row {n}: a row must be a JSON object")
         for name in (
@@ -199,7 +291,15 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ):  # llmgym export writes text (JSON text for the last two)
             if not isinstance(r.get(name), (str, type(None))):
                 raise DataError(f"row {n}: {name!r} must be a string, as llmgym export writes it")
-    chats = {r.get("chat") for r in rows}
+        chats.add(r.get("chat"))
+        envs.add(r.get("env_id"))
+        kwargs_texts.add(r.get("env_kwargs"))
+        policy = _policy(r)
+        policies[policy] += 1
+        if is_int(seed := r.get("seed"), numpy=False):
+            seeds.add(seed)
+            by_policy.setdefault(policy, set()).add(seed)
+        count += 1
     if len(chats) > 1:
         raise DataError(
             "the rows were rendered with different chat settings ('chat'); train on one chat format at a time"
@@ -222,23 +322,18 @@ def data_settings(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             chat_format_from_settings(chat)
         except ValueError as e:
             raise DataError(f"the rows' chat settings: {e}") from None
-    env, kwargs_text = _one({r.get("env_id") for r in rows}), _one({r.get("env_kwargs") for r in rows})
+    env, kwargs_text = _one(envs), _one(kwargs_texts)
     try:
         env_kwargs = json.loads(kwargs_text) if isinstance(kwargs_text, str) else None
     except ValueError:
         env_kwargs = None
-    seeds = data_seeds(rows)
-    by_policy: dict[str, list[int]] = {}
-    for r in rows:
-        if is_int(r.get("seed"), numpy=False):
-            by_policy.setdefault(_policy(r), []).append(r["seed"])
     return {
         "env": env if isinstance(env, str) else None,
         "env_kwargs": env_kwargs if isinstance(env_kwargs, dict) else None,
         "chat": chat,
-        "rows": len(rows),
-        "policies": dict(Counter(_policy(r) for r in rows)),
-        "seeds": [seeds[0], seeds[-1]] if seeds else None,
+        "rows": count,
+        "policies": dict(policies),
+        "seeds": [min(seeds), max(seeds)] if seeds else None,
         "num_seeds": len(seeds),
         "policy_seeds": {p: seed_ranges(s) for p, s in sorted(by_policy.items())},
     }
@@ -261,14 +356,27 @@ def _prefix(env_id: Any, env_kwargs_text: Any, chat_text: Any) -> str:
     if not isinstance(chat, dict) or chat.get("chat_style") != "ragen":
         return ""
     fmt = chat_format_from_settings({k: v for k, v in chat.items() if k == "chat_style"})
-    from llm_gym.registration import check_trusted_env_id, make_env
+    from llm_gym.core.kwargs import foreign_data_kwargs
+    from llm_gym.registration import check_trusted_env_id, env_class, env_defaults, make_env, short_repr
 
+    what = "rows in the RAGEN chat style need a usable env_id and env_kwargs"
     try:
         check_trusted_env_id(env_id, "the row")
         kwargs = json.loads(env_kwargs_text) if isinstance(env_kwargs_text, str) else {}
-        env = make_env(env_id, kwargs if isinstance(kwargs, dict) else {})
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        # the env is made to read its think setting: a file or data set named by the data is never opened
+        foreign = foreign_data_kwargs(env_class(env_id), kwargs, env_defaults(env_id))
+        if foreign:
+            raise DataError(
+                f"{what}: env_kwargs name {foreign[0]}={short_repr(kwargs[foreign[0]], 80)}; file paths and data "
+                "sets are not taken from data rows (only bundled data or the id's default); export the rows with "
+                "bundled data, or in the llmgym chat style"
+            )
+        env = make_env(env_id, kwargs)
+    except DataError:
+        raise
     except ValueError as e:
-        raise DataError(f"rows in the RAGEN chat style need a usable env_id and env_kwargs: {e}") from None
+        raise DataError(f"{what}: {e}") from None
     try:
         think = bool(getattr(env.unwrapped, "think", True))
     finally:
@@ -323,10 +431,18 @@ def build_dataset(
     rows: Sequence[Mapping[str, Any]], template: Any, max_length: int | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """A ``datasets.Dataset`` of ``input_ids`` / ``assistant_masks`` (one row per episode) and its statistics
-    (rows kept and dropped for ``max_length``, tokens, trained tokens)."""
-    from datasets import Dataset
+    (rows kept and dropped for ``max_length``, tokens, trained tokens).
 
-    ids, masks, dropped, lengths = [], [], 0, []
+    The tokens are gathered in flat arrays (4 bytes a token id, 1 a mask bit) and handed to Arrow as they are:
+    lists of Python ints cost about 45 bytes a token. A tokenizer or template failure on a row (a panicking
+    tokenizer thread, a ``MemoryError``) is a :class:`WorkerError` naming the row."""
+    import numpy as np
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    ids, masks, ends = array("i"), array("b"), array("q", [0])
+    dropped, longest = 0, 0
     for n, row in enumerate(rows):
         messages, trained = row_conversation(row, n)
         prefix = _prefix(row.get("env_id"), row.get("env_kwargs"), row.get("chat"))
@@ -334,27 +450,62 @@ def build_dataset(
             ex = tokenize_conversation(template, messages, trained, prefix)
         except DataError as e:
             raise DataError(f"row {n}: {e}") from None
-        if max_length is not None and len(ex["input_ids"]) > max_length:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - Rust tokenizers panic with a BaseException (PanicException)
+            raise WorkerError(f"row {n}: tokenizing failed ({type(e).__name__}: {_short(e)})") from None
+        length = len(ex["input_ids"])
+        if max_length is not None and length > max_length:
             dropped += 1
             continue
-        ids.append(ex["input_ids"])
-        masks.append(ex["assistant_masks"])
-        lengths.append(len(ex["input_ids"]))
-    if not ids:
-        raise DataError(f"every row is longer than max_length={max_length} tokens")
-    trained_tokens = sum(sum(m) for m in masks)
-    stats = {
-        "rows": len(ids),
+        ids.extend(ex["input_ids"])
+        masks.extend(ex["assistant_masks"])
+        ends.append(len(ids))
+        longest = max(longest, length)
+    if len(ends) == 1:
+        raise DataError(f"every row is longer than {max_length} tokens (max_length, or the model's context)")
+    if len(ids) >= 2**31:  # Arrow list offsets are 32-bit
+        raise DataError(f"{len(ids)} tokens in all, more than the {2**31 - 1} one data set holds")
+    offsets = pa.array(np.frombuffer(ends, dtype=np.int64).astype(np.int32))
+    kept = len(ends) - 1
+    stats: dict[str, Any] = {
+        "rows": kept,
         "dropped_too_long": dropped,
-        "tokens": sum(lengths),
-        "trained_tokens": trained_tokens,
-        "mean_tokens": sum(lengths) / len(lengths),
-        "max_tokens": max(lengths),
+        "tokens": len(ids),
+        "trained_tokens": int(np.frombuffer(masks, dtype=np.int8).sum(dtype=np.int64)),
+        "mean_tokens": len(ids) / kept,
+        "max_tokens": longest,
     }
-    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks}), stats
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(offsets, pa.array(np.frombuffer(ids, dtype=np.int32))),
+            "assistant_masks": pa.ListArray.from_arrays(
+                offsets, pa.array(np.frombuffer(masks, dtype=np.int8))
+            ),
+        }
+    )
+    # the tokens' own hash as the fingerprint: datasets would otherwise pickle the whole table to hash it
+    digest = hashlib.sha256()
+    for buffer in (ends, ids, masks):
+        digest.update(buffer)
+    stats["sha256"] = digest.hexdigest()
+    return Dataset(InMemoryTable(table), fingerprint=stats["sha256"][:16]), stats
+
+
+def _short(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split()) or "no message"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------------ training
+def model_context(model: Any) -> int | None:
+    """The longest sequence ``model`` has positions for (its config's ``max_position_embeddings``), or None when
+    its config names none."""
+    config = getattr(model, "config", None)
+    n = getattr(getattr(config, "get_text_config", lambda: config)(), "max_position_embeddings", None)
+    return n if is_int(n, numpy=False) and n > 0 else None
+
+
 class _RunSettings:
     """What :func:`llm_gym.trainer.output.write_run_file` reads, from the data's shared settings."""
 
@@ -377,16 +528,27 @@ def train_sft(
     *,
     merge_lora: bool = False,
     callbacks: Sequence[Any] = (),
+    resume_from_checkpoint: str | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Fine-tune ``model_name`` on ``rows`` with ``config`` (an ``LLMGymSFTConfig``); save ``output_dir/final``
     with its ``llmgym_run.json`` and ``llmgym_sft.json``; return the summary written there. ``merge_lora``: with
     ``use_peft``, save the base model with the adapter merged in (a full model, which ``llmgym-train --use_peft``
     can put a new adapter on) instead of the adapter. ``callbacks``: extra ``TrainerCallback`` objects (e.g. an
-    evaluation at given steps)."""
+    evaluation at given steps). ``resume_from_checkpoint``: a complete checkpoint of this run (``llmgym-sft
+    --resume``; its data must be these rows, tokenised alike), continued as ``llmgym-train --resume`` does: one at
+    ``max_steps`` trains no further step."""
+    from llm_gym.trainer.callbacks import CheckpointMarkerCallback
     from llm_gym.trainer.chat_templates import training_template_tokens
     from llm_gym.trainer.lora import peft_config
-    from llm_gym.trainer.output import FINAL_DIR, FINAL_PARTIAL, write_run_file
+    from llm_gym.trainer.output import (
+        FINAL_DIR,
+        FINAL_PARTIAL,
+        checkpoint_step,
+        load_finished_checkpoint,
+        training_finished,
+        write_run_file,
+    )
     from llm_gym.trainer.precision import load_for_training
     from llm_gym.trainer.resolve import has_gpu
     from trl import SFTTrainer
@@ -400,19 +562,28 @@ def train_sft(
     # The rollouts' template (TRL's training variant when the model's own rewrites history): SFT sequences are
     # then token for token what RL trains on.
     template = training_template_tokens(tokenizer, log=log)
-    dataset, stats = build_dataset(rows, template, config.max_length)
+    # without --max_length, an episode longer than the model's context is dropped (and counted) like one longer
+    # than --max_length: trained at full length it fills memory, and the model has no positions for it
+    max_length = config.max_length if config.max_length is not None else model_context(model)
+    dataset, stats = build_dataset(rows, template, max_length)
+    stats["max_length"] = max_length
     log(
         f"llmgym-sft: {stats['rows']} episodes ({', '.join(f'{n} {p}' for p, n in settings['policies'].items())}), "
         f"{stats['tokens']} tokens ({stats['trained_tokens']} trained, mean {stats['mean_tokens']:.0f} per "
         f"episode), seeds {settings['seeds']}"
-        + (
-            f"; dropped {stats['dropped_too_long']} longer than {config.max_length}"
-            if stats["dropped_too_long"]
-            else ""
-        )
     )
+    if stats["dropped_too_long"]:
+        log(
+            f"llmgym-sft: warning: dropped {stats['dropped_too_long']} episode(s) longer than {max_length} tokens"
+            + (" (the model's context; --max_length sets another limit)" if config.max_length is None else "")
+        )
+    data = {k: stats[k] for k in ("rows", "tokens", "sha256")}  # what the run trains on, in each checkpoint
+    if resume_from_checkpoint:
+        check_resume_data(resume_from_checkpoint, data)
+    start = checkpoint_step(resume_from_checkpoint) if resume_from_checkpoint else 0
     from llm_gym.trainer.deprecations import old_checkpointing_names
 
+    marker = CheckpointMarkerCallback({SFT_DATA_FILE: json.dumps(data) + "\n"})
     with old_checkpointing_names():  # TRL's and PEFT's calls use the old names; the user cannot act on them
         trainer = SFTTrainer(
             model=model,
@@ -420,10 +591,15 @@ def train_sft(
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=peft_config(config),
-            callbacks=list(callbacks) or None,
+            callbacks=[marker, *callbacks],
         )
         t0, c0 = time.perf_counter(), time.process_time()
-        result = trainer.train()
+        if resume_from_checkpoint and training_finished(start, config.max_steps):
+            # Trainer.train would run one step more before it checks max_steps (as for llmgym-train)
+            load_finished_checkpoint(trainer, resume_from_checkpoint, log=log, prog="llmgym-sft")
+            training_loss = None
+        else:
+            training_loss = trainer.train(resume_from_checkpoint=resume_from_checkpoint).training_loss
     # CPU time of this process (one torch thread on CPU): the speed that contention on a shared machine does not hide
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     # final/ is whole or absent (as llmgym-train's): saved beside, completed with the run files, then renamed
@@ -443,8 +619,12 @@ def train_sft(
     trainer.accelerator.wait_for_everyone()
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
-    tokens = next((h["num_tokens"] for h in reversed(history) if "num_tokens" in h), None)
+    counts = [(h.get("step", 0), h["num_tokens"]) for h in history if "num_tokens" in h]
+    # speeds count what this process trained: a resumed run's history holds the killed run's steps too
+    before = max((n for step, n in counts if step <= start), default=0)
+    tokens = counts[-1][1] - before if counts and counts[-1][0] > start else None
     steps = int(trainer.state.global_step)
+    steps_now = steps - start
     summary = {
         "data": {**settings, **stats, "path": str(config.data) if config.data else None},
         "eval_seeds_checked": [config.eval_seed, config.eval_seed + config.num_eval_seeds - 1]
@@ -464,14 +644,16 @@ def train_sft(
             "seed": config.seed,
         },
         "steps": steps,
+        "resumed_from": str(resume_from_checkpoint) if resume_from_checkpoint else None,
+        "resumed_at_step": start,
         "train_seconds": round(wall, 1),
         "train_cpu_seconds": round(cpu, 1),
-        "steps_per_second": steps / wall if wall > 0 else None,
+        "steps_per_second": steps_now / wall if wall > 0 else None,
         "tokens_per_second": float(tokens) / wall if tokens and wall > 0 else None,
         "tokens_per_cpu_second": float(tokens) / cpu if tokens and cpu > 0 else None,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
-        "train_loss": result.training_loss,
+        "train_loss": training_loss,
         "loss_curve": [[h["step"], h["loss"]] for h in history if "loss" in h],
     }
     if main_process:
@@ -482,15 +664,35 @@ def train_sft(
         replace_dir(partial, final)
     speed, cpu_speed = summary["tokens_per_second"], summary["tokens_per_cpu_second"]
     log(
-        f"llmgym-sft: {steps} steps in {wall:.0f}s ({steps / wall if wall else 0:.3f} steps/s"
+        f"llmgym-sft: {steps_now} steps in {wall:.0f}s ({steps_now / wall if wall else 0:.3f} steps/s"
         + (
             f", {speed:.0f} tokens/s; {cpu:.0f} CPU-s, {cpu_speed:.0f} tokens per CPU-s"
             if speed and cpu_speed
             else ""
         )
-        + f"); loss {_num(summary['loss_first'])} -> {_num(summary['loss_last'])}; model {final}"
+        + f"); loss {_num(summary['loss_first'])} -> {_num(summary['loss_last'])}"
+        + (f"; resumed at step {start}, {steps} in all" if resume_from_checkpoint else "")
+        + f"; model {final}"
     )
     return summary
+
+
+def check_resume_data(checkpoint: str | os.PathLike, data: Mapping[str, Any]) -> None:
+    """Refuse to resume ``checkpoint`` on other data than it was trained on (:data:`SFT_DATA_FILE`: the rows'
+    count, tokens and the tokens' hash, so another file, another model's tokenizer or template differ too)."""
+    path = Path(checkpoint) / SFT_DATA_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.stat().st_size < 4096 else None
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise DataError(f"--resume: {path} is missing or unreadable; cannot check the data is the run's")
+    if {k: saved.get(k) for k in data} != dict(data):
+        raise DataError(
+            f"--resume: the data ({data['rows']} rows, {data['tokens']} tokens) is not what {Path(checkpoint).name} "
+            f"was trained on ({saved.get('rows')} rows, {saved.get('tokens')} tokens, another token hash); resume "
+            "with the same --data and --model, or start afresh with --overwrite_output_dir"
+        )
 
 
 def _num(x: Any) -> str:
@@ -522,6 +724,14 @@ def build_parser() -> Any:
         help="With --use_peft: save the model with the adapter merged in instead of the adapter.",
     )
     group.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="Resume from the newest complete checkpoint in output_dir (or from the given checkpoint folder), "
+        "on the same data; checkpoints are written with --save_strategy steps --save_steps N.",
+    )
+    group.add_argument(
         "--overwrite_output_dir",
         action="store_true",
         help="Start afresh in a non-empty output_dir (its final model and run files are removed first).",
@@ -533,21 +743,46 @@ def build_parser() -> Any:
 _OUTPUTS = ("final", ".final.partial", SFT_FILE, "llmgym_run.json", "README.md")
 
 
-def prepare_output_dir(output_dir: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse a non-empty output folder unless ``overwrite`` (then remove its SFT output and checkpoints)."""
-    from llm_gym.safe_io import LOCK_FILE
+def prepare_output_dir(
+    output_dir: str | os.PathLike, overwrite: bool, resume: str | None = None, log: Any = print
+) -> str | None:
+    """Check the output folder (the caller holds its lock) and return the checkpoint to resume from. A non-empty
+    folder needs ``resume`` (``"latest"`` or a checkpoint folder: continue its run, as ``llmgym-train --resume``;
+    the killed run's half-saved ``final/`` is removed) or ``overwrite`` (its SFT output and checkpoints are removed
+    first)."""
+    from llm_gym.trainer.output import FINAL_PARTIAL, WRITTEN_IN_PLACE, resolve_resume
+
+    from llm_gym.safe_io import LOCK_FILE, check_regular, remove_path
 
     out = Path(output_dir)
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite_output_dir exclude each other")
+    if resume:
+        if resume == "latest" and not out.is_dir():
+            raise ValueError(f"--resume: output folder {out} does not exist")
+        for name in WRITTEN_IN_PLACE:  # before anything changes: a planted README.md -> ~/file is refused
+            check_regular(out / name)
+        folder = resolve_resume(out, resume, log, prog="llmgym-sft")
+        for p in [out / FINAL_PARTIAL, *sorted(out.glob(".final.old-*"))]:  # a save of final/ cut short
+            if p.exists() or p.is_symlink():
+                remove_path(p)
+        return str(folder)
     entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
     if entries and not overwrite:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise ValueError(
-            f"output folder {out} is not empty ({shown}); pass --overwrite_output_dir to replace it"
+            f"output folder {out} is not empty ({shown}); pass --resume to continue its run from its last "
+            "checkpoint or --overwrite_output_dir to replace it"
         )
     for name in entries:
         p = out / name
-        if name in _OUTPUTS or (p.is_dir() and name.startswith("checkpoint-")):
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        if (
+            name in _OUTPUTS
+            or name.startswith(".final.old-")
+            or (p.is_dir() and name.startswith("checkpoint-"))
+        ):
+            remove_path(p)  # a link is removed itself, never what it points to
+    return None
 
 
 def cpu_arguments(argv: Sequence[str], gpu: bool) -> list[str]:
@@ -563,6 +798,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``llmgym-sft``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # one text at a time gains nothing from the tokenizer's thread pool, and a panic in a pool thread hung the run
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "-h" in argv or "--help" in argv:
         build_parser().print_help()
         return EXIT_OK
@@ -583,16 +820,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_model(opts.model)
         check_seeds(rows, range(config.eval_seed, config.eval_seed + config.num_eval_seeds))
         lock = OutputLock(config.output_dir, "SFT run").acquire()
-        prepare_output_dir(config.output_dir, opts.overwrite_output_dir)
-        train_sft(config, opts.model, rows, merge_lora=opts.merge_lora)
+        resume = prepare_output_dir(config.output_dir, opts.overwrite_output_dir, opts.resume)
+        train_sft(config, opts.model, rows, merge_lora=opts.merge_lora, resume_from_checkpoint=resume)
         from accelerate import PartialState
 
         PartialState().destroy_process_group()  # as llmgym-train: none left to interpreter shutdown (gloo aborts)
     except (DataError, ModelError, OutputLockedError, ValueError) as e:
         print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as e:
+    except (OSError, WorkerError) as e:
         print(f"llmgym-sft: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except MemoryError:
+        print("llmgym-sft: error: out of memory", file=sys.stderr)
         return EXIT_RUNTIME
     finally:
         if lock is not None:

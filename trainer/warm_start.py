@@ -91,7 +91,7 @@ def action_counts(records: Sequence[Any]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def warm_start_rows(config: Any) -> tuple[list[dict[str, Any]], str]:
+def warm_start_rows(config: Any) -> tuple[Sequence[dict[str, Any]], str]:
     """The warm start's data rows and a description of where they come from."""
     from llm_gym.trainer.sft import load_rows
 

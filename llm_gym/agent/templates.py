@@ -12,7 +12,12 @@ hours. Every render of llm-gym therefore goes through :func:`render_chat_templat
   first). One watchdog thread serves every render; arming it costs a dict entry (no lock, no thread);
 - a **refusal** of the one such C-level operation that is cheap to write and never needed in a chat template:
   the power operator (:func:`uninterruptible`; ``{{ 7 ** 999999999 }}`` runs for hours);
-- a **size bound** on the text a template renders (:func:`max_rendered_chars`);
+- a **size bound** on the text a template renders (:func:`max_rendered_chars`), counted **while it renders**:
+  Jinja joins a template's output (and each macro's and ``{% set %}`` block's) with its environment's
+  ``concat``; for the sandboxed environment transformers renders in, that join counts the pieces as the
+  template yields them and stops at the bound (:func:`_bounded_concat`, active only inside
+  :func:`render_chat_template`), so a loop emitting text fails at about the bound instead of filling memory
+  until the deadline;
 - **one error type**: whatever the template raises (its own ``raise_exception('System role not supported')``,
   ``UndefinedError``, ``SecurityError``, ``ZeroDivisionError``, ``RecursionError``, ``MemoryError``, ...)
   becomes a :class:`ChatTemplateError` (a ``ValueError``) saying what the template did, which the commands print
@@ -62,6 +67,46 @@ class TemplateRenderError(ChatTemplateError):
         """Whether rendering this template again (TRL's training-variant check does) could hang: it timed out, or
         was refused for an operation that cannot be interrupted."""
         return self.timed_out or self.refused
+
+
+class _TooLarge(Exception):
+    """Raised inside a render when its output passes the bound (:func:`_bounded_concat`)."""
+
+    def __init__(self, chars: int):
+        super().__init__(chars)
+        self.chars = chars
+
+
+#: The messages of this thread's render in progress (None outside :func:`render_chat_template`): their
+#: :func:`max_rendered_chars` bounds its text, worked out only once the text passes the first million characters.
+_BOUND = threading.local()
+_FLOOR = 1_000_000
+
+
+def _bounded_concat(pieces: Any) -> str:
+    """Jinja's ``concat`` (``"".join``), counting the pieces as they come while a render of ours is in progress."""
+    messages = getattr(_BOUND, "messages", None)
+    if messages is None:
+        return "".join(pieces)
+    out: list[str] = []
+    append, n, limit = out.append, 0, _FLOOR
+    for piece in pieces:  # str pieces (Jinja yields str() of every value), as "".join needs
+        n += len(piece)
+        if n > limit:
+            if limit == _FLOOR and (limit := max_rendered_chars(messages)) >= n:
+                append(piece)
+                continue
+            raise _TooLarge(n)
+        append(piece)
+    return "".join(out)
+
+
+@functools.cache
+def _bound_sandbox_output() -> None:
+    """Make the sandboxed environment's ``concat`` :func:`_bounded_concat` (once; a no-op outside our renders)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    ImmutableSandboxedEnvironment.concat = staticmethod(_bounded_concat)
 
 
 class TemplateDeadline(BaseException):
@@ -202,15 +247,23 @@ def render_chat_template(
     failure of the template is a :class:`ChatTemplateError` naming what it raised."""
     seconds = TEMPLATE_DEADLINE_S if deadline_s is None else deadline_s
     _refuse_uninterruptible(tokenizer, chat_template)
+    _bound_sandbox_output()
     kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
     try:
         token = _WATCHDOG.arm(seconds)
+        _BOUND.messages = messages
         try:
             text = tokenizer.apply_chat_template(messages, **kwargs)
         finally:
+            _BOUND.messages = None
             _WATCHDOG.disarm(token)
+    except _TooLarge:
+        raise TemplateRenderError(
+            f"the chat template rendered more than {max_rendered_chars(messages):,} characters for "
+            f"{_text_size(messages):,} characters of messages (stopped while rendering)"
+        ) from None
     except TemplateDeadline:
         raise TemplateRenderError(
             f"the chat template did not finish rendering within {seconds:g} s (a loop that does not end?)",
@@ -220,7 +273,7 @@ def render_chat_template(
         raise TemplateRenderError(f"the chat template raised {type(e).__name__}: {_short(e)}") from None
     if not isinstance(text, str):
         raise TemplateRenderError(f"the chat template rendered a {type(text).__name__}, not text")
-    if len(text) > 1_000_000 and len(text) > (limit := max_rendered_chars(messages)):
+    if len(text) > _FLOOR and len(text) > (limit := max_rendered_chars(messages)):  # a render not counted
         raise TemplateRenderError(
             f"the chat template rendered {len(text):,} characters for {_text_size(messages):,} characters of "
             f"messages (at most {limit:,})"

@@ -105,3 +105,11 @@ def names_bundled_data(value: Any, bundled: tuple[str, ...], default: Any) -> bo
     if isinstance(value, str) and value in bundled:
         return True
     return type(value) is type(default) and value == default
+
+
+def foreign_data_kwargs(cls: type, kwargs: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """The keys of ``kwargs`` (from untrusted input: a record, a data row) that name a file or a data set the user
+    did not choose: a data kwarg of ``cls`` (:func:`data_kwargs`) whose value is neither bundled data nor the
+    default in ``defaults`` (:func:`names_bundled_data`). Such a value must come from the user, never from data."""
+    data = data_kwargs(cls)
+    return [k for k, v in kwargs.items() if k in data and not names_bundled_data(v, data[k], defaults.get(k))]

@@ -97,7 +97,7 @@ def replay_env_args(
     Raises:
         ValueError: saying what is not accepted and how to get past it when that is safe.
     """
-    from llm_gym.core.kwargs import constructor_kwargs, data_kwargs, names_bundled_data
+    from llm_gym.core.kwargs import constructor_kwargs, foreign_data_kwargs
     from llm_gym.registration import check_trusted_env_id, env_class, env_defaults
 
     try:
@@ -106,10 +106,10 @@ def replay_env_args(
         raise ValueError(f"cannot make {_short(record.env_id)} to replay the record: {e}") from None
     cls = env_class(env_id)
     accepted = constructor_kwargs(cls) - {"render_mode"}
-    data, defaults = data_kwargs(cls), env_defaults(env_id)
     recorded = record.env_kwargs
     if not isinstance(recorded, Mapping):
         raise ValueError(f"the record's env_kwargs must be an object, got {type(recorded).__name__}")
+    foreign = set(foreign_data_kwargs(cls, recorded, env_defaults(env_id)))
     _json_size(dict(recorded), "env_kwargs")
     _json_size(record.reset_options, "reset_options")
     given = dict(env_kwargs or {})
@@ -121,7 +121,7 @@ def replay_env_args(
             raise ValueError(
                 f"the record passes {_short(key)} to {env_id}, which takes only: {', '.join(sorted(accepted))}"
             )
-        if key in data and not names_bundled_data(value, data[key], defaults.get(key)):
+        if key in foreign:
             raise ValueError(
                 f"the record asks for {key}={_short(value)}; file paths are not taken from a record. To replay "
                 f'it, pass the file yourself: --env_kwargs \'{{"{key}": "PATH"}}\' on the command line '
