@@ -37,7 +37,7 @@ from tests._envs import ALL_IDS, make_kwargs
 from tests._serve import ROOT, running_server, start_server
 from tests.test_env_contract import _responses
 
-pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
+pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv) is not installed")
 websockets = pytest.importorskip("websockets")
 
 from llm_gym.serve.client import RemoteEnvError, RemoteRequestError  # noqa: E402
