@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from llm_gym.registration import ENVS, check_trusted_env_id, make_env
+from llm_gym.registration import ENVS, check_trusted_env_id, env_family, make_env
 
 #: Where the runtime plan lies in a package (OpenEnv's default ``validation.execution.probe_path``).
 PROBE_PATH = "validation/runtime.json"
@@ -40,11 +40,6 @@ POLICY_MIN_FLOOR_MARGIN = 0.1
 POLICY_MAX_EPISODE_TIMEOUT_S = 3600.0
 #: Declared budget of one ``llmgym serve`` process (its measured RSS is ~115 MiB; docs/serving.md "Benchmark").
 CPU, MEMORY_MB, DISK_MB = 1.0, 1024, 1024
-
-
-def _family(env_id: str) -> str:
-    entry = next(e for e in ENVS if e.id == env_id)
-    return entry.entry_point.split(":")[0].rsplit(".", 1)[1].replace("_", "")
 
 
 def llm_gym_version() -> str:
@@ -88,7 +83,7 @@ def openenv_manifest(
     finally:
         env.close()
     per_request = DEFAULT_REQUEST_TIMEOUT_S if request_timeout_s is None else float(request_timeout_s)
-    family = _family(env_id)
+    family = env_family(env_id)
     validation: dict[str, Any] = {
         "reward": {"range": [low, high], "oracle_tolerance": 0.0, "floor_margin": POLICY_MIN_FLOOR_MARGIN},
         "resources": {

@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from llm_gym.registration import ENVS
+from llm_gym.registration import env_family
 
 #: The levels run, in order: the URL probe, then the package levels.
 LEVELS = ("url", "static", "runtime", "semantic")
@@ -51,18 +51,13 @@ COMMAND_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 120.0
 
 
-def family_of(env_id: str) -> str:
-    entry = next(e for e in ENVS if e.id == env_id)
-    return entry.entry_point.split(":")[0].rsplit(".", 1)[1].replace("_", "")
-
-
 def served_families() -> dict[str, list[str]]:
     """Family -> the ids ``llmgym serve`` serves by default (ids whose default data is a hub data set left out)."""
     from llm_gym.serve.config import default_env_ids
 
     out: dict[str, list[str]] = {}
     for env_id in default_env_ids({})[0]:
-        out.setdefault(family_of(env_id), []).append(env_id)
+        out.setdefault(env_family(env_id), []).append(env_id)
     return out
 
 
