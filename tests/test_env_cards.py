@@ -140,3 +140,13 @@ def test_family_pages_render_their_cards(committed):
             assert name.replace("_", " ") in out
     with pytest.raises(KeyError, match="no environment card"):
         hook.expand("<!-- env-card: nosuchfamily -->\n")
+
+
+def test_a_family_without_an_expert_gets_na_probes_not_a_crash():
+    from llm_gym.envs.sokoban import SokobanEnv
+
+    class NoExpert(SokobanEnv):
+        expert_name = None
+
+    probes = hack_probes("llmgym/Sokoban-v0", NoExpert)
+    assert {p["verdict"] for p in probes.values()} == {"n/a"} and list(probes) == list(PROBES)

@@ -216,6 +216,13 @@ def hack_probes(env_id: str, make: Callable[[], gym.Env] | None = None) -> dict[
     """Every probe in :data:`PROBES` on ``env_id`` (``make`` builds the env; default: the registered id):
     ``{name: {"verdict": "robust" | "exploitable" | "n/a", "cases": [{"reply", "reward", "success"}, ...]}}``."""
     make = make or (lambda: make_env(env_id, {}))
+    probe_env = make()
+    has_expert = bool(getattr(probe_env.unwrapped, "expert_name", None))
+    probe_env.close()
+    if not has_expert:  # the probes need a position the right answer wins, which the expert finds
+        return {
+            name: {"verdict": "n/a", "cases": [], "reason": "the family has no expert"} for name in PROBES
+        }
     seed, replies = expert_win(make)
     pos = _Position(make, seed, replies)
     base = pos.base
