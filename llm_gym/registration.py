@@ -258,6 +258,13 @@ def list_envs() -> list[str]:
     return [e.id for e in ENVS]
 
 
+def env_family(env_id: str) -> str:
+    """The family of an llm-gym id: its class's package under ``llm_gym/envs/`` without underscores
+    (``llmgym/FrozenLake-v0`` -> ``frozenlake``, the name of its docs page ``docs/envs/frozenlake.md``)."""
+    entry = next(e for e in ENVS if e.id == check_trusted_env_id(env_id, "env_family"))
+    return entry.entry_point.split(":")[0].rsplit(".", 1)[1].replace("_", "")
+
+
 @functools.cache
 def env_class(env_id: str) -> type:
     """The class of an llm-gym id (``env_id`` must be in :data:`ENVS`; its entry point is imported)."""

@@ -91,7 +91,7 @@ DATA_VALUES = [
 
 @pytest.mark.parametrize("env_id", ALL_IDS)
 def test_replay_and_the_server_accept_the_same_data_values(env_id):
-    pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
+    pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv) is not installed")
     from llm_gym.serve.protocol import RequestError, check_env_kwargs
 
     good = {"env_id": env_id, "seed": 0, "initial_observation": "x", "turns": []}

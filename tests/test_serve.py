@@ -37,7 +37,7 @@ from tests._envs import ALL_IDS, make_kwargs
 from tests._serve import ROOT, running_server, start_server
 from tests.test_env_contract import _responses
 
-pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv-core) is not installed")
+pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv) is not installed")
 websockets = pytest.importorskip("websockets")
 
 from llm_gym.serve.client import RemoteEnvError, RemoteRequestError  # noqa: E402
@@ -578,7 +578,8 @@ def test_malformed_and_oversized_messages(server):
     assert post("/reset", {"env_id": "os:system"})[0] == 404
     status, body = post("/step", {"action": {"text": "<answer>Up</answer>"}})
     assert status == 409 and "reset first" in body["detail"]
-    req = urllib.request.Request(server.url + "/mcp", data=b"{}", method="POST")
+    # POST /mcp answers JSON-RPC without state (tests/test_openenv.py); OpenEnv's other MCP routes are refused
+    req = urllib.request.Request(server.url + "/mcp/tools", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         opener.open(req, timeout=20)
     assert err.value.code == 404

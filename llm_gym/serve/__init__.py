@@ -1,6 +1,6 @@
 """Environments over the network: ``llmgym serve`` and the ``llmgym/Remote-v0`` client.
 
-* :mod:`llm_gym.serve.server`: the server, OpenEnv's own (``openenv-core``, the ``serve`` extra) with llm-gym's
+* :mod:`llm_gym.serve.server`: the server, OpenEnv's own (``openenv``, the ``serve`` extra) with llm-gym's
   typed models, request checks and limits around it;
 * :mod:`llm_gym.serve.client`: :class:`~llm_gym.serve.client.RemoteEnv`, a ``gymnasium.Env`` over one server
   session, registered as ``llmgym/Remote-v0`` (``gym.make("llmgym/Remote-v0", url=..., env_id=...)``); it needs

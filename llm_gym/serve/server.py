@@ -1,4 +1,4 @@
-"""``llmgym serve``: llm-gym environments behind OpenEnv's server (``openenv-core``).
+"""``llmgym serve``: llm-gym environments behind OpenEnv's server (``openenv``, the ``serve`` extra).
 
 The app is OpenEnv's own (``create_fastapi_app`` with typed ``Action`` / ``Observation`` / ``State`` models), so a
 stock OpenEnv client (``GenericEnvClient``, an ``EnvClient`` subclass) and TRL's OpenEnv path work against it
@@ -9,10 +9,13 @@ it, not inside its protocol:
   ``env_kwargs`` and ``options`` (``dynamics_seed`` included), every field checked as data
   (:mod:`llm_gym.serve.protocol`); observations carry the text, ``terminated`` / ``truncated``, the ``info`` of the
   env contract, the instructions (on reset) and the attributes prompt formatting reads;
-* ``POST /llmgym/describe`` (spaces and attributes of an id, for :class:`llm_gym.serve.client.RemoteEnv`) and
-  ``GET /llmgym/status`` (open environments, limits);
+* ``POST /llmgym/describe`` (spaces and attributes of an id, for :class:`llm_gym.serve.client.RemoteEnv`),
+  ``GET /llmgym/status`` (open environments, limits) and ``GET /llmgym/openenv.yaml`` (the OpenEnv manifest of a
+  served id, :mod:`llm_gym.serve.manifest`);
+* ``POST /mcp`` answered statelessly (no tools; :func:`llm_gym.serve.openenv_compat.mcp_reply`) in place of
+  OpenEnv's MCP routes;
 * :class:`Guard`, an ASGI layer in front of the app: bearer token, HTTP body size, per-request time bound, idle
-  session expiry, and no MCP routes (our environments have no tools);
+  session expiry, and no MCP WebSocket or sub-routes (our environments have no tools);
 * reset slots (at most ``max_concurrent_resets`` env builds and resets at once) and a bounded stop
   (``shutdown_timeout_s``, then the process exits without waiting for env threads; a second signal at once).
 
@@ -49,7 +52,7 @@ from llm_gym.serve.protocol import (
     static_surface,
 )
 
-INSTALL_HINT = "llmgym serve needs the serve extra: pip install 'llm-gym[serve]' (openenv-core)"
+INSTALL_HINT = "llmgym serve needs the serve extra: pip install 'llm-gym[serve]' (openenv)"
 
 
 def _require_openenv():
@@ -278,7 +281,7 @@ class Guard:
             return await self._deny(
                 kind, receive, send, 401, "missing or wrong token: send 'Authorization: Bearer <token>'"
             )
-        if path == "/mcp" or path.startswith("/mcp/"):
+        if (path == "/mcp" and (kind, scope.get("method")) != ("http", "POST")) or path.startswith("/mcp/"):
             return await self._deny(
                 kind, receive, send, 404, "MCP is not served: llm-gym environments have no tools"
             )
@@ -415,10 +418,12 @@ class Guard:
 
 # --------------------------------------------------------------------------------------------------- app
 def create_app(config: ServeConfig):
-    """OpenEnv's FastAPI app for ``config.env_ids``, our two endpoints, wrapped in :class:`Guard`."""
-    from fastapi.responses import JSONResponse
+    """OpenEnv's FastAPI app for ``config.env_ids``, our endpoints, wrapped in :class:`Guard`."""
+    from fastapi.responses import JSONResponse, Response
     from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.types import ConcurrencyConfig
+
+    from llm_gym.serve.openenv_compat import app_options, mcp_reply
 
     runtime = _Runtime(config)
     factory = functools.partial(LLMGymEnvironment, runtime)
@@ -427,8 +432,17 @@ def create_app(config: ServeConfig):
         LLMGymAction,
         LLMGymObservation,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=config.max_sessions, session_timeout=None),
+        **app_options(create_fastapi_app, LLMGymState),
     )
     app.title = "llm-gym environment server (OpenEnv)"
+    # OpenEnv's /mcp routes open sessions over plain HTTP that nothing bounds; ours answers without state
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/mcp"]
+
+    @app.post("/mcp", tags=["MCP"])
+    async def mcp(request: Request):
+        """JSON-RPC 2.0 (MCP): llm-gym environments have no tools, so ``tools/list`` is empty."""
+        reply = mcp_reply(await request.body())
+        return Response(status_code=202) if reply is None else JSONResponse(reply)
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
@@ -481,6 +495,29 @@ def create_app(config: ServeConfig):
             "sessions_opened": runtime.sessions_opened,
             "limits": config.limits(),
         }
+
+    @app.get("/llmgym/openenv.yaml", tags=["Environment Info"])
+    async def openenv_yaml(env_id: str | None = None):
+        """The OpenEnv manifest (``openenv.yaml`` with its RFC 008 ``validation:`` block) of a served id, generated
+        from the registry and this server's kwargs and limits (:func:`llm_gym.serve.manifest.openenv_manifest`)."""
+        request = {} if env_id is None else {"env_id": env_id}
+        env_id, kwargs, _, _ = check_reset_request(
+            request, served=config.env_ids, fixed_kwargs=config.env_kwargs, allow=config.allow_client_kwargs
+        )
+
+        def build() -> str:
+            import yaml
+
+            from llm_gym.serve.manifest import openenv_manifest
+
+            with runtime.reset_slot():
+                try:
+                    manifest = openenv_manifest(env_id, kwargs, request_timeout_s=config.request_timeout_s)
+                except ValueError as e:
+                    raise RequestError(422, str(e)) from None
+            return yaml.safe_dump(manifest, sort_keys=False)
+
+        return Response(await asyncio.to_thread(build), media_type="application/yaml")
 
     return Guard(app, config)
 
@@ -581,6 +618,11 @@ def cmd_serve(args: Any) -> int:
                 "them with --env, or give their data with --env_kwargs)",
                 flush=True,
             )
+    from llm_gym.serve.openenv_compat import distribution_problem
+
+    problem = distribution_problem()
+    if problem:
+        print(f"llmgym serve: warning: {problem}", file=sys.stderr, flush=True)
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as e:
