@@ -812,7 +812,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, opts = build_parser().parse_args_into_dataclasses([*argv, *cpu_arguments(argv, has_gpu())])
         rows = load_rows(config.data)
-        settings = check_rows(rows)  # malformed rows, or rows that cannot share one chat, fail before the model
+        settings = check_rows(
+            rows
+        )  # malformed rows, or rows that cannot share one chat, fail before the model
         from llm_gym.trainer.organism import materialize
 
         # an organism is built for the data's env (its tokenizer learns that env's texts) and the run's seed
