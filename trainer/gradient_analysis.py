@@ -50,6 +50,8 @@ from llm_gym.trainer.batch import loss_mask
 from llm_gym.trainer.defaults import GRADIENT_ANALYSIS_BUCKET_MODES
 from llm_gym.trainer.losses import TRL_LOSS_TYPE_AGG, clipped_surrogate, split_aggregate
 
+from llm_gym.core.checks import is_int
+
 #: Metric prefix of the analysis.
 PREFIX = "grad_analysis"
 #: RAGEN's ``fixed_rv`` edges, on the groups' reward *std* (``ragen/trainer/rollout_filter.py``,
@@ -307,10 +309,10 @@ def analyse_round(trainer: Any, batch: dict, rewards: np.ndarray, index: int) ->
 def check_setup(config: Any) -> None:
     """Raise ``ValueError`` where the analysis cannot measure what the run trains (called by the config)."""
     every = config.gradient_analysis_every
-    if not (isinstance(every, int) and not isinstance(every, bool) and every >= 0):
+    if not (is_int(every) and every >= 0):
         raise ValueError(f"gradient_analysis_every must be an integer >= 0, got {every!r}")
     buckets = config.gradient_analysis_buckets
-    if not (isinstance(buckets, int) and not isinstance(buckets, bool) and buckets >= 1):
+    if not (is_int(buckets) and buckets >= 1):
         raise ValueError(f"gradient_analysis_buckets must be a positive integer, got {buckets!r}")
     if config.gradient_analysis_bucket_mode not in GRADIENT_ANALYSIS_BUCKET_MODES:
         raise ValueError(

@@ -266,7 +266,9 @@ def hack_probes(env_id: str, make: Callable[[], gym.Env] | None = None) -> dict[
                 _reply(base, think, d) + f"<answer>{d}</answer><answer>{answer}</answer>",
             ]
         )
-        if env_family(env_id) == "countdown":
+        # A family reset with a number multiset and a target (reset options nums/target) can be probed for
+        # reusing a number; the capability is asked of the env, not of its family name.
+        if isinstance(getattr(base, "nums", None), (list, tuple)) and hasattr(base, "target"):
             n = int(base.nums[0])
             reuse = at_final(
                 [_reply(base, think, f"{answer} + {n} - {n}"), _reply(base, think, f"{answer} * {n} / {n}")]

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from llm_gym.core.checks import is_int
+
 #: The server's name for OpenEnv's Task API routes (``GET /list_environments``).
 ENV_NAME = "llmgym"
 #: JSON-RPC 2.0 error codes (https://www.jsonrpc.org/specification#error_object).
@@ -67,7 +69,7 @@ def mcp_reply(body: bytes) -> dict[str, Any] | None:
     if not isinstance(request, dict):
         return _error(INVALID_REQUEST, "Invalid Request: one JSON-RPC request object (no batches)")
     request_id = request.get("id")
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
+    if request_id is not None and not (isinstance(request_id, str) or is_int(request_id, numpy=False)):
         return _error(INVALID_REQUEST, "Invalid Request: id must be a string, an integer or null")
     method = request.get("method")
     if request.get("jsonrpc") != "2.0" or not isinstance(method, str):
