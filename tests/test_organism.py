@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -109,3 +111,40 @@ def test_every_cli_accepts_the_name(tmp_path, monkeypatch):
          "--output_dir", str(tmp_path / "eval1"), "--no_progress"]
     )  # fmt: skip
     assert rc == 0
+
+
+@pytest.fixture(scope="module")
+def bandit_tokenizer():
+    texts = list(organism.corpus(ENV, {}, episodes=40))
+    return organism.build_tokenizer(texts, 400)
+
+
+_WORD = st.text(alphabet=st.sampled_from("abcdefghijklmnopqrstuvwxyz"), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    word=st.one_of(_WORD, _WORD.map(str.capitalize)), before=st.sampled_from([" ", ">", ": ", "(", "\n", "_"])
+)
+def test_a_word_is_the_same_tokens_whatever_precedes_it(bandit_tokenizer, word, before):
+    # why the split isolates words: Bandit answers a shown " Nurse" as ">Nurse"; with Qwen2's split those are two
+    # unrelated tokens and the organism never learned to copy a name (8% valid answers after the warm start)
+    ids = bandit_tokenizer(before + word)["input_ids"]
+    alone = bandit_tokenizer(word)["input_ids"]
+    assert ids[len(ids) - len(alone) :] == alone
+    assert bandit_tokenizer.decode(ids) == before + word
+
+
+def test_names_and_board_cells_are_tokens_of_their_own(bandit_tokenizer):
+    tok = bandit_tokenizer
+    shown = tok("The two arms are: Nurse and Clerk.")["input_ids"]
+    answered = tok("<answer>Nurse</answer>")["input_ids"]
+    nurse = tok("Nurse")["input_ids"]
+
+    def holds(seq: list[int], part: list[int]) -> bool:
+        return any(seq[i : i + len(part)] == part for i in range(len(seq)))
+
+    assert holds(shown, nurse) and holds(answered, nurse)
+    # one token per grid cell, even for cell letters that sit side by side
+    pieces = [tok.decode([i]) for i in tok("PG_\nO__")["input_ids"]]
+    assert pieces == ["P", "G", "_", "\n", "O", "_", "_"]
