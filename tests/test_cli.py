@@ -398,3 +398,22 @@ def test_render_and_export_take_o_for_out():
     parser = build_parser()
     assert parser.parse_args(["render", "ep.jsonl", "-o", "ep.gif"]).out == "ep.gif"
     assert parser.parse_args(["export", "--env", "Sokoban", "-o", "rows.jsonl"]).out == "rows.jsonl"
+
+
+def test_a_cpu_sized_profile_is_not_resized_by_the_cpu_layer():
+    from llm_gym.trainer.resolve import resolve_config
+
+    # the organism's Bandit recipe keeps its own sizes on a CPU; the CPU layer fills only what it leaves unset
+    cfg, meta = resolve_config(["--profile", "organism", "--env", "Bandit"], gpu=False, log=lambda *_: None)
+    assert meta["model"] == "organism" and cfg.warm_start == "random"
+    assert (cfg.num_prompts, cfg.num_generations, cfg.max_steps) == (16, 8, 40)
+    assert (cfg.learning_rate, cfg.temperature, cfg.num_eval_seeds) == (1e-3, 1.0, 512)
+    assert cfg.use_cpu and not cfg.bf16 and not cfg.one_shot_example
+    # a GPU profile on a CPU is still resized
+    cfg, _ = resolve_config(["--env", "Bandit"], gpu=False, log=lambda *_: None)
+    assert (cfg.num_prompts, cfg.learning_rate) == (2, 1e-5)
+    # --warm_start none drops the profile's warm start
+    cfg, _ = resolve_config(
+        ["--profile", "organism", "--env", "Bandit", "--warm_start", "none"], gpu=False, log=lambda *_: None
+    )
+    assert cfg.warm_start is None

@@ -807,8 +807,9 @@ class WarmStartArguments:
         metadata={
             "help": "Fine-tune on trajectories before RL, in the same run: random (the random valid-action policy: "
             "the answer format without a policy), expert (the solver; see warm_start_expert_fraction), or a path "
-            "to llmgym export output. Evaluations of the base model, the warm start and the RL model are reported "
-            "on the same seeds. The data's seeds must not overlap the evaluation seeds."
+            "to llmgym export output; none: no warm start (over a profile's). Evaluations of the base model, the warm "
+            "start and the RL model are reported on the same seeds. The data's seeds must not overlap the evaluation "
+            "seeds."
         },
     )
     warm_start_expert_fraction: float | None = field(
@@ -845,6 +846,8 @@ class WarmStartArguments:
     )
 
     def validate_warm_start_args(self) -> None:
+        if isinstance(self.warm_start, str) and self.warm_start.strip().lower() == "none":
+            self.warm_start = None  # --warm_start none: no warm start, over a profile that names one
         if self.warm_start is None:
             return
         if not isinstance(self.warm_start, str) or not self.warm_start.strip():

@@ -30,8 +30,9 @@ from llm_gym.core.checks import is_int
 
 #: Profiles: one folder per profile, one ``<env>.yaml`` per environment (``<env>`` = the lower-case short name).
 PROFILE_DIR = Path(__file__).with_name("profiles")
-#: Keys a profile or config file may hold besides config fields (``per_algo``: settings per ``--algo`` name).
-META_KEYS = ("model", "algo", "per_algo")
+#: Keys a profile or config file may hold besides config fields (``per_algo``: settings per ``--algo`` name;
+#: ``cpu_sized``: the profile is sized for a CPU, so the CPU-settings layer does not override it).
+META_KEYS = ("model", "algo", "per_algo", "cpu_sized")
 #: A profile folder's settings shared by all its environments (an environment's file wins over it).
 PROFILE_COMMON = "_common.yaml"
 #: The model when no layer names one.
@@ -194,6 +195,10 @@ def resolve_config(
     merged.update(profile_algo)
     # layers 3-6: CPU settings (no GPU), --config, flags, --set
     user_keys = set(user_file) | set(explicit) | set(sets)
+    if profile.get(
+        "cpu_sized"
+    ):  # a profile made for the CPU (the organism's): the CPU layer fills only its gaps
+        user_keys |= set(profile) | set(profile_algo)
     cpu_layer = {} if gpu else _cpu_layer(merged, user_keys, log)
     merged.update({**cpu_layer, **_without_meta(user_file), **explicit, **_without_meta(sets)})
     if not gpu:
