@@ -30,3 +30,10 @@ def test_cpu_run_reports_baseline_logs_mi_and_plots_collapse(tmp_path, capsys):
     assert any(k.startswith("mi/first_turn/") for r in rows for k in r)
     assert any(k.startswith("mi/trajectory/") for r in rows for k in r)
     assert (out / "collapse.png").read_bytes()[:4] == b"\x89PNG"
+    # the learning curve and one episode of the last evaluation, as GIF
+    assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"learning curve {out / 'learning_curve.png'}" in text
+    if (out / "episode.gif").is_file():  # the render extra is installed
+        assert (out / "episode.gif").read_bytes()[:6] in (b"GIF89a", b"GIF87a")
+    else:
+        assert "no episode GIF" in text

@@ -317,6 +317,7 @@ def _report(
     (also written to ``eval_report.json``), the summary line, what prefix sharing saved, and the collapse plot."""
     last: dict[str, Any] = next((r for r in reversed(log_history) if "reward" in r), {})
     summary = [f"llmgym-train: done in {seconds:.0f}s"]
+    report: dict[str, Any] | None = None
     if after:
         print(f"llmgym-train: after training: {_eval_summary(after)}")
     if before and after:
@@ -340,6 +341,34 @@ def _report(
         print(f"llmgym-train: {summary_line(prefix_sharing)}")
     if config.collapse_report:
         _collapse_png(config)
+    if config.learning_curve:
+        from llm_gym.trainer import learning_curve
+
+        out = learning_curve.plot(
+            learning_curve.curve(log_history, report),
+            Path(config.output_dir) / config.learning_curve,
+            f"{config.env}: {Path(config.output_dir).name}",
+        )
+        print(f"llmgym-train: learning curve {out}")
+    if config.episode_gif and config.episode_records:
+        _episode_gif(config)
+
+
+def _episode_gif(config: Any) -> None:
+    """Render one episode of the last evaluation as a GIF, or say why not in one line."""
+    from llm_gym.trainer import learning_curve
+
+    records = Path(config.episode_records)
+    records = records if records.is_absolute() else Path(config.output_dir) / records
+    try:
+        out = learning_curve.episode_gif(records, Path(config.output_dir) / config.episode_gif)
+    except ImportError as e:  # pygame is the render extra's
+        print(f"llmgym-train: no episode GIF ({e}; pip install 'llm-gym[render]')")
+        return
+    except (OSError, ValueError) as e:
+        print(f"llmgym-train: no episode GIF ({type(e).__name__}: {e})")
+        return
+    print(f"llmgym-train: episode {out}" if out else "llmgym-train: no episode GIF (no evaluation episode)")
 
 
 def _collapse_png(config: Any) -> None:

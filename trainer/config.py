@@ -326,6 +326,20 @@ class OutputArguments:
         default="collapse.jsonl",
         metadata={"help": "JSONL in output_dir with the MI, entropy and reward-variance series; '' = off."},
     )
+    learning_curve: str = field(
+        default="learning_curve.png",
+        metadata={
+            "help": "PNG in output_dir drawn at the end: training success per logged step, each evaluation with "
+            "its 95% interval, and the random valid-action baseline's interval; '' = off."
+        },
+    )
+    episode_gif: str = field(
+        default="episode.gif",
+        metadata={
+            "help": "GIF in output_dir of the last evaluation's first episode, rendered at the end (needs the "
+            "render extra; skipped with a note without it or without episode_records); '' = off."
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------------ SNR filter
@@ -568,6 +582,10 @@ class SignalArguments(FilterArguments, MIArguments, GradientAnalysisArguments, O
             raise ValueError(
                 f"collapse_report must be a file name inside output_dir, got {self.collapse_report!r}"
             )
+        for name in ("learning_curve", "episode_gif"):
+            value = getattr(self, name)
+            if value and (not isinstance(value, str) or os.path.basename(value) != value):
+                raise ValueError(f"{name} must be a file name inside output_dir or '', got {value!r}")
         if not _positive_int(self.records_every):
             raise ValueError(f"records_every must be a positive integer, got {self.records_every!r}")
 
