@@ -88,5 +88,5 @@ def episode_gif(records_path: str | os.PathLike, out: str | os.PathLike) -> str 
     record = last_eval_episode(list(read_records(Path(records_path))))
     if record is None:
         return None
-    export_episode(record, out, hold_last=2)
+    export_episode(record, Path(out), hold_last=2)
     return str(out)
