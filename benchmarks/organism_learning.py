@@ -1,0 +1,243 @@
+"""Does RL through llmgym-train learn? The model organism on Bandit, against random play and its own warm start.
+
+Parts, each saved in ``--work-dir`` as it finishes (rerunning the same command skips finished parts):
+
+* ``bandit``: the README's main job, ``llmgym-train --profile organism --env Bandit`` (a 0.9M-parameter organism
+  built from scratch, a format-only warm start, 40 GRPO steps of 16 x 8 episodes), timed (wall and CPU seconds);
+  evaluated on 512 held-out seeds before and after, beside random valid arms.
+* ``bandit_held_out``: the warm start and the RL model on ``llmgym/BanditHeldOut-v0`` (8 arm-name pairs never
+  trained on), to say whether what RL learned generalises beyond the 12 training pairs.
+* ``defaults_*``: RL from the same warm start with the grpo preset's entropy bonus (0.001) and per-group reward
+  scaling, alone and together, against neither: the measurement behind the recommended defaults.
+
+The result, ``organism_learning.json``, holds per env and run ``warm_start`` and ``after`` (each with
+``success.ci``), ``baselines.random.ci``, ``baselines.best_constant`` (``null`` with the reason where an env has
+none) and ``num_eval_seeds``; the run's ``eval_report.json``, learning curve and episode GIF are in its folder.
+``--publish`` copies it to ``docs/data/`` (never with ``--quick``), where scripts/gen_readme.py reads the README's
+main-job table from it.
+
+    OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --publish
+    OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --quick --work-dir /tmp/ol_quick   # ~1 CPU-minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _offline  # noqa: E402, F401  (offline, single-threaded)
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = ROOT / "docs" / "data" / "organism_learning.json"
+#: The README's main job, exactly as printed there.
+MAIN_JOB = ["llmgym-train", "--profile", "organism", "--env", "Bandit"]
+QUICK = [
+    "--warm_start_max_steps",
+    "10",
+    "--warm_start_episodes",
+    "64",
+    "--max_steps",
+    "2",
+    "--num_eval_seeds",
+    "16",
+]
+HELD_OUT_ENV = "llmgym/BanditHeldOut-v0"
+
+
+def _bin(name: str) -> str:
+    found = shutil.which(name, path=str(Path(sys.executable).parent))
+    return found or name
+
+
+def _timed(cmd: list[str], log: Path) -> dict[str, float]:
+    """Run ``cmd`` with its output in ``log``; wall and CPU seconds (user + system of the child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed (exit {code}); see {log}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)}
+
+
+def part_bandit(work: Path, quick: bool) -> dict[str, Any]:
+    out = work / "bandit"
+    done = work / "bandit.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    cmd = [_bin(MAIN_JOB[0]), *MAIN_JOB[1:], "--output_dir", str(out), "--overwrite_output_dir"]
+    cmd += QUICK if quick else []
+    timing = _timed(cmd, work / "bandit.log")
+    report = json.loads((out / "eval_report.json").read_text())
+    first, last = report["evals"][0], report["evals"][-1]
+    result = {
+        "command": " ".join(MAIN_JOB + (QUICK if quick else [])),
+        "num_eval_seeds": first["success"]["n"],
+        "eval_seeds": report["seeds"],
+        "base": report["warm_start"]["base"]["success"],
+        "warm_start": {k: first[k] for k in ("success", "valid")},
+        "after": {k: last[k] for k in ("success", "valid", "success_given_valid")},
+        "rl_steps": last["step"],
+        "baselines": {
+            "random": report["baseline"]["random"],
+            "optimum": report["baseline"]["optimum"],
+            # an arm's position has no fixed meaning, so no constant answer exists to compare with
+            "best_constant": None,
+            "best_constant_reason": "Bandit has no constant answer: the arms' names and order change by seed",
+        },
+        **timing,
+    }
+    result["learned"] = result["after"]["success"]["ci"][0] > max(
+        result["baselines"]["random"]["ci"][1], result["warm_start"]["success"]["ci"][1]
+    )
+    done.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _eval(model: Path, out: Path, num_seeds: int, env_kwargs: dict[str, Any], log: Path) -> dict[str, Any]:
+    """``llmgym-eval`` on the held-out pairs with the run's env limits and evaluation settings (the chat settings
+    come from the model folder's run file)."""
+    cmd = [_bin("llmgym-eval"), "--model", str(model), "--env", HELD_OUT_ENV, "--num_seeds", str(num_seeds)]
+    cmd += ["--env_kwargs", json.dumps(env_kwargs), "--max_new_tokens", "12", "--temperature", "0.5"]
+    cmd += ["--output_dir", str(out), "--overwrite", "--no_progress"]
+    _timed(cmd, log)
+    summary = json.loads((out / "summary.json").read_text())["envs"][HELD_OUT_ENV]
+    return summary
+
+
+def part_held_out(work: Path, quick: bool) -> dict[str, Any]:
+    done = work / "bandit_held_out.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    run = work / "bandit"
+    n = 16 if quick else 512
+    kw = json.loads((run / "eval_report.json").read_text())["env_kwargs"]
+    ws = _eval(run / "warm_start" / "final", work / "held_out_warm_start", n, kw, work / "held_out_ws.log")
+    after = _eval(run / "final", work / "held_out_after", n, kw, work / "held_out_after.log")
+
+    def success(s: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "successes": s["successes"],
+            "n": s["episodes"],
+            "rate": s["success_rate"],
+            "ci": s["success_ci"],
+        }
+
+    result = {
+        "env": HELD_OUT_ENV,
+        "num_eval_seeds": n,
+        "warm_start": {"success": success(ws), "valid": ws["valid"]},
+        "after": {"success": success(after), "valid": after["valid"]},
+        "baselines": {"random": after["baseline"]["random"], "best_constant": None},
+    }
+    result["learned"] = result["after"]["success"]["ci"][0] > max(
+        result["baselines"]["random"]["ci"][1], result["warm_start"]["success"]["ci"][1]
+    )
+    done.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+#: The settings the defaults decision rests on: the grpo preset's entropy bonus and per-group reward scaling,
+#: each alone and together, against the organism profile's (neither).
+DEFAULTS_GRID = {
+    "entropy_0_scale_none": ["--entropy_coef", "0", "--scale_rewards", "none"],
+    "entropy_0.001_scale_none": ["--entropy_coef", "0.001", "--scale_rewards", "none"],
+    "entropy_0_scale_group": ["--entropy_coef", "0", "--scale_rewards", "group"],
+    "entropy_0.001_scale_group": ["--entropy_coef", "0.001", "--scale_rewards", "group"],
+}
+
+
+def part_defaults(work: Path, quick: bool) -> dict[str, Any]:
+    """RL from the main job's warm start with each :data:`DEFAULTS_GRID` setting (one part per setting)."""
+    warm = work / "bandit" / "warm_start" / "final"
+    out: dict[str, Any] = {}
+    for name, flags in DEFAULTS_GRID.items():
+        done = work / f"defaults_{name}.json"
+        if not done.is_file():
+            run = work / f"defaults_{name}"
+            cmd = [_bin(MAIN_JOB[0]), *MAIN_JOB[1:], "--model", str(warm), "--warm_start", "none", *flags]
+            cmd += [
+                "--output_dir",
+                str(run),
+                "--overwrite_output_dir",
+                "--collapse_report",
+                "",
+                "--mi_every",
+                "0",
+            ]
+            cmd += QUICK[2:] if quick else []
+            timing = _timed(cmd, work / f"defaults_{name}.log")
+            report = json.loads((run / "eval_report.json").read_text())
+            first, last = report["evals"][0], report["evals"][-1]
+            result = {
+                "flags": " ".join(flags),
+                "warm_start": {k: first[k] for k in ("success", "valid")},
+                "after": {k: last[k] for k in ("success", "valid")},
+                **timing,
+            }
+            done.write_text(json.dumps(result, indent=2) + "\n")
+        out[name] = json.loads(done.read_text())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, required=True, help="runs and finished parts (resumable)")
+    ap.add_argument("--quick", action="store_true", help="a few steps and 16 seeds: checks the pipeline only")
+    ap.add_argument("--publish", action="store_true", help=f"write {PUBLISHED.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    if args.quick and args.publish:
+        ap.error("--quick results are never published")
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    bandit = part_bandit(args.work_dir, args.quick)
+    held = part_held_out(args.work_dir, args.quick)
+    defaults = part_defaults(args.work_dir, args.quick)
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "envs": {"llmgym/Bandit-v0": {"grpo": bandit}, HELD_OUT_ENV: {"grpo": held}},
+        "defaults": {"env": "llmgym/Bandit-v0", "from": "the main job's warm start", "runs": defaults},
+    }
+    text = json.dumps(result, indent=2) + "\n"
+    (args.work_dir / "organism_learning.json").write_text(text)
+    for env, runs in result["envs"].items():
+        r = runs["grpo"]
+        ws, after, rnd = r["warm_start"]["success"], r["after"]["success"], r["baselines"]["random"]
+        print(
+            f"{env}: warm start {ws['rate']:.3f} {_ci(ws)} -> after {after['rate']:.3f} {_ci(after)}; "
+            f"random {rnd['rate']:.3f} {_ci(rnd)}; after / random {after['rate'] / max(rnd['rate'], 1e-9):.2f}x; "
+            f"{'learned' if r['learned'] else 'NOT above random and warm start'} (n={after['n']})"
+        )
+    print(f"main job: {bandit['wall_seconds']:.0f} s wall, {bandit['cpu_seconds']:.0f} CPU-s")
+    for name, r in defaults.items():
+        after, valid = r["after"]["success"], r["after"]["valid"]
+        print(
+            f"defaults {name}: after {after['rate']:.3f} {_ci(after)}, valid {valid['rate']:.2f} {_ci(valid)}"
+        )
+    if args.publish:
+        PUBLISHED.write_text(text)
+        print(f"wrote {PUBLISHED}")
+    return 0
+
+
+def _ci(s: dict[str, Any]) -> str:
+    return f"[{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
