@@ -1,0 +1,144 @@
+"""The built docs site, as a reader sees it (issue 34): ``mkdocs build --strict`` once per session, then checks of
+the HTML that a clean build does not make: generated tables that swallowed the paragraph after them, list items
+Markdown did not see, and flags or profiles that no command has."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mkdocs")
+pytest.importorskip("trl")  # llmgym-train's parser is built from the TRL config
+
+from tests import docs_site as ds  # noqa: E402
+
+ROOT = ds.ROOT
+DOCS = ROOT / "docs"
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> dict[str, ds.Node]:
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    built = ds.pages(out)
+    assert "training/quickstart/index.html" in built, sorted(built)[:10]
+    return built
+
+
+def _report(problems: dict[str, list]) -> str:
+    return "\n".join(f"{page}: {item}" for page, items in problems.items() for item in items[:8])
+
+
+@pytest.mark.slow
+def test_no_table_row_is_a_swallowed_paragraph(site):
+    problems = {page: rows for page, node in site.items() if (rows := ds.lone_cell_rows(node))}
+    assert not problems, "table rows with one non-empty cell (a paragraph after a table?):\n" + _report(
+        problems
+    )
+
+
+@pytest.mark.slow
+def test_no_paragraph_holds_a_literal_list_marker(site):
+    problems = {page: found for page, node in site.items() if (found := ds.literal_list_markers(node))}
+    assert not problems, "list markers shown as text (indent by 4 / blank line before the list):\n" + _report(
+        problems
+    )
+
+
+@pytest.mark.slow
+def test_every_flag_a_page_names_exists(site):
+    """A command of ours on a page (``llmgym-train ...``, ``python benchmarks/x.py ...``) uses only that command's
+    options; a flag named anywhere else is one some command declares (or another tool's, :data:`EXTERNAL`)."""
+    known = ds.known_flags()
+    problems: dict[str, list[str]] = {}
+    commands_seen = 0
+    for page, node in site.items():
+        bad = []
+        for text, shell in ds.code_snippets(node):
+            if shell:
+                found, loose = ds.commands(text)
+                commands_seen += len(found)
+                for cmd in found:
+                    own = ds.flags_of(cmd.program)
+                    bad += [
+                        f"{flag} (not an option of {Path(cmd.program).name}): {cmd.line[:100]}"
+                        for flag in cmd.flags
+                        if flag not in own
+                    ]
+            else:
+                loose = ds.prose_flags(text)
+            bad += [f"{flag} (no command has it)" for flag in loose if flag not in known]
+        prose = node.text(frozenset({"code", "pre", "script", "style"}))
+        bad += [f"{flag} (no command has it)" for flag in ds.prose_flags(prose) if flag not in known]
+        if bad:
+            problems[page] = sorted(set(bad))
+    assert commands_seen > 100, "the pages' commands were not found"
+    assert not problems, "flags that do not exist:\n" + _report(problems)
+
+
+@pytest.mark.slow
+def test_every_profile_a_page_names_exists(site):
+    profiles = ds.available_profiles()
+    assert {"recommended", "ragen2"} <= profiles
+    named = {page: ds.profile_names(node) for page, node in site.items()}
+    assert {"recommended", "ragen2"} <= {n for names in named.values() for n in names}, (
+        "no profile names found"
+    )
+    problems = {
+        page: sorted(set(bad))
+        for page, names in named.items()
+        if (bad := [n for n in names if n not in profiles])
+    }
+    assert not problems, f"profiles that do not exist (have: {sorted(profiles)}):\n" + _report(problems)
+
+
+# --------------------------------------------------------------------- source checks (no build needed, fast)
+_ITEM = re.compile(r"^( *)(\d+)\. ")  # Python-Markdown knows "1." only, not "1)"
+
+
+def ordered_lists_not_starting_at_one(markdown: str) -> list[str]:
+    """Ordered lists whose first item is not 1: Python-Markdown numbers every list from 1 whatever is written."""
+    bad: list[str] = []
+    open_at: set[int] = set()  # indentations with an ordered list open
+    fence = False
+    for number, line in enumerate(markdown.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if fence or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        m = _ITEM.match(line)
+        open_at = {k for k in open_at if k < indent or (m and k == indent)}
+        if m:
+            if indent not in open_at and m.group(2) != "1":
+                bad.append(f"line {number}: {line.strip()[:60]}")
+            open_at.add(indent)
+    return bad
+
+
+def test_ordered_list_check_sees_a_list_starting_at_zero():
+    assert ordered_lists_not_starting_at_one("x\n\n0. a\n1. b\n") == ["line 3: 0. a"]
+    assert ordered_lists_not_starting_at_one("1. a\n\n   more\n\n2. b\n") == []
+    assert ordered_lists_not_starting_at_one("1. a\n\ntext\n\n2. b\n") == ["line 5: 2. b"]
+
+
+def test_every_ordered_list_starts_at_one():
+    problems = {
+        str(p.relative_to(ROOT)): bad
+        for p in sorted(DOCS.rglob("*.md"))
+        if (bad := ordered_lists_not_starting_at_one(p.read_text(encoding="utf-8")))
+    }
+    assert not problems, "ordered lists rendered from 1 but written otherwise:\n" + _report(problems)
