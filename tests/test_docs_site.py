@@ -142,3 +142,64 @@ def test_every_ordered_list_starts_at_one():
         if (bad := ordered_lists_not_starting_at_one(p.read_text(encoding="utf-8")))
     }
     assert not problems, "ordered lists rendered from 1 but written otherwise:\n" + _report(problems)
+
+
+# RAGEN-2's protocol is `--profile ragen2`; the default (`recommended`) profile is ours (issue 34).
+_RAGEN2_PROTOCOL = re.compile(r"RAGEN-2(?:'s)? protocol")
+_DEFAULT_RUN = re.compile(r"recommended|default|`llmgym-train --env \w+`")
+_NEGATED = re.compile(r"\bnot\b|\bNOT\b|--profile ragen2")
+
+
+def ragen2_claims(markdown: str) -> list[str]:
+    """Places that call the default run RAGEN-2's protocol: a prose sentence about the default or recommended
+    settings, or a code comment over commands without ``--profile ragen2``."""
+    bad = []
+    prose, code = [], []
+    fence = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            code.append("")
+            continue
+        (code if fence else prose).append(line)
+    text = " ".join(" ".join(prose).split())
+    for sentence in re.split(r"(?<=[.;:])\s+(?=[A-Z(`])", text):
+        if (
+            _RAGEN2_PROTOCOL.search(sentence)
+            and _DEFAULT_RUN.search(sentence)
+            and not _NEGATED.search(sentence)
+        ):
+            bad.append(sentence[:120])
+    for i, line in enumerate(code):
+        if line.lstrip().startswith("#") and _RAGEN2_PROTOCOL.search(line) and not _NEGATED.search(line):
+            block = []
+            for nxt in code[i + 1 :]:
+                if not nxt.strip() or nxt.lstrip().startswith("#"):
+                    break
+                block.append(nxt)
+            if block and not any("--profile ragen2" in b for b in block):
+                bad.append(f"{line.strip()[:80]} over {block[0].strip()[:60]}")
+    return bad
+
+
+def test_the_ragen2_claim_check_sees_the_old_quickstart_and_configuration():
+    old_quickstart = (
+        "```bash\n# GPU, RAGEN-2 protocol (Qwen2.5-3B-Instruct)\nllmgym-train --env FrozenLake\n```\n"
+    )
+    old_configuration = (
+        "the default profile, `recommended`)\nthat follows RAGEN-2's protocol: Qwen2.5-3B-Instruct."
+    )
+    assert len(ragen2_claims(old_quickstart)) == 1 and len(ragen2_claims(old_configuration)) == 1
+    fine = "```bash\n# RAGEN-2's protocol\nllmgym-train --profile ragen2 --env Sokoban\n```\nThe default is not RAGEN-2's protocol."
+    assert ragen2_claims(fine) == []
+
+
+def test_no_page_calls_the_default_run_ragen2s_protocol():
+    problems = {
+        str(p.relative_to(ROOT)): bad
+        for p in sorted(DOCS.rglob("*.md"))
+        if (bad := ragen2_claims(p.read_text(encoding="utf-8")))
+    }
+    assert not problems, "the default profile is `recommended`, RAGEN-2's is --profile ragen2:\n" + _report(
+        problems
+    )
