@@ -262,7 +262,7 @@ _SEPARATORS = {"&&", "||", "|", ";", "&"}
 
 def logical_lines(code: str) -> list[str]:
     """A shell block's commands: continuation lines joined, comments and prompts dropped."""
-    joined = re.sub(r"\\\n", " ", code)
+    joined = re.sub(r"\s*\\\n\s*", " ", code)
     out = []
     for line in joined.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", line).strip()
