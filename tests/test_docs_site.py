@@ -203,3 +203,50 @@ def test_no_page_calls_the_default_run_ragen2s_protocol():
     assert not problems, "the default profile is `recommended`, RAGEN-2's is --profile ragen2:\n" + _report(
         problems
     )
+
+
+#: Characters of a code line a 720 px content column shows without scrolling (Material's code font, measured in
+#: headless Chromium on the built site: a longer line scrolls, and a comment at its end is hidden).
+CODE_COLUMNS = 84
+_CODE_FENCE = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^[ \t]*```", flags=re.M | re.S)
+
+
+def _trailing_comment(line: str) -> int | None:
+    """Where a comment after code starts (outside quotes), or None."""
+    for m in re.finditer(r"(?<=\S)\s+#(?=\s|$)", line):
+        before = line[: m.start()]
+        if before.count('"') % 2 == 0 and before.count("'") % 2 == 0:
+            return m.start()
+    return None
+
+
+def hidden_comments(markdown: str) -> list[str]:
+    """Code lines whose trailing comment ends past :data:`CODE_COLUMNS` (put the comment on the line above)."""
+    bad = []
+    for m in _CODE_FENCE.finditer(markdown):
+        if m.group(2) not in ("bash", "sh", "console", "python", "yaml", ""):
+            continue
+        for line in m.group(3).splitlines():
+            text = line[len(m.group(1)) :] if line.startswith(m.group(1)) else line
+            if _trailing_comment(text) is not None and len(text) > CODE_COLUMNS:
+                bad.append(text.strip()[:90])
+    return bad
+
+
+def test_hidden_comments_sees_a_long_commented_line_only():
+    long_line = "llmgym serve --env Sokoban --env FrozenLake --port 8000" + " " * 20 + "# only these ids"
+    assert hidden_comments(f"```bash\n{long_line}\n```\n") == [long_line[:90]]
+    assert hidden_comments(f"```bash\n# only these ids\n{long_line.split('#')[0].rstrip()}\n```\n") == []
+    assert hidden_comments(f"```text\n{long_line}\n```\n") == []  # program output is shown as printed
+    assert hidden_comments("```bash\necho '" + "x" * 90 + " # not a comment'\n```\n") == []
+
+
+def test_no_code_comment_hides_past_the_column():
+    problems = {
+        str(p.relative_to(ROOT)): bad
+        for p in sorted(DOCS.rglob("*.md"))
+        if (bad := hidden_comments(p.read_text(encoding="utf-8")))
+    }
+    assert not problems, f"code comments past column {CODE_COLUMNS} (move them above the line):\n" + _report(
+        problems
+    )
