@@ -205,14 +205,17 @@ def test_no_page_calls_the_default_run_ragen2s_protocol():
     )
 
 
-#: Characters of a code line a 720 px content column shows without scrolling (Material's code font, measured in
-#: headless Chromium on the built site: a longer line scrolls, and a comment at its end is hidden).
-CODE_COLUMNS = 84
+#: Characters of a code line the content column shows without scrolling: 688 px wide with 16 px padding each side,
+#: 8.18 px per character of Material's code font (measured in headless Chromium on the built site, 1280 px window).
+#: A longer line scrolls, and a comment at its end is hidden.
+CODE_COLUMNS = 80
 _CODE_FENCE = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^[ \t]*```", flags=re.M | re.S)
 
 
-def _trailing_comment(line: str) -> int | None:
-    """Where a comment after code starts (outside quotes), or None."""
+def _comment(line: str) -> int | None:
+    """Where a comment starts (a line of its own, or after code outside quotes), or None."""
+    if re.match(r"\s*#(\s|$)", line):
+        return 0
     for m in re.finditer(r"(?<=\S)\s+#(?=\s|$)", line):
         before = line[: m.start()]
         if before.count('"') % 2 == 0 and before.count("'") % 2 == 0:
@@ -221,14 +224,15 @@ def _trailing_comment(line: str) -> int | None:
 
 
 def hidden_comments(markdown: str) -> list[str]:
-    """Code lines whose trailing comment ends past :data:`CODE_COLUMNS` (put the comment on the line above)."""
+    """Code lines with a comment that ends past :data:`CODE_COLUMNS` (put a trailing comment on the line above,
+    wrap a long one)."""
     bad = []
     for m in _CODE_FENCE.finditer(markdown):
         if m.group(2) not in ("bash", "sh", "console", "python", "yaml", ""):
             continue
         for line in m.group(3).splitlines():
             text = line[len(m.group(1)) :] if line.startswith(m.group(1)) else line
-            if _trailing_comment(text) is not None and len(text) > CODE_COLUMNS:
+            if _comment(text) is not None and len(text) > CODE_COLUMNS:
                 bad.append(text.strip()[:90])
     return bad
 
@@ -239,6 +243,7 @@ def test_hidden_comments_sees_a_long_commented_line_only():
     assert hidden_comments(f"```bash\n# only these ids\n{long_line.split('#')[0].rstrip()}\n```\n") == []
     assert hidden_comments(f"```text\n{long_line}\n```\n") == []  # program output is shown as printed
     assert hidden_comments("```bash\necho '" + "x" * 90 + " # not a comment'\n```\n") == []
+    assert hidden_comments("```python\n    # " + "word " * 20 + "\n```\n") == [("# " + "word " * 20)[:90]]
 
 
 def test_no_code_comment_hides_past_the_column():
