@@ -27,8 +27,8 @@ import llm_gym.trainer.defaults as defaults
 import llm_gym.agent.chat as chat
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
-TABLE = re.compile(r"^<!--\s*config-table:\s*([\w ]+?)\s*-->\s*$", flags=re.M)
-GROUPS = re.compile(r"^<!--\s*config-groups\s*-->\s*$", flags=re.M)
+TABLE = re.compile(r"^<!--\s*config-table:\s*([\w ]+?)\s*-->[ \t]*$", flags=re.M)
+GROUPS = re.compile(r"^<!--\s*config-groups\s*-->[ \t]*$", flags=re.M)
 #: The full configs: their own fields are TRL fields whose default we change.
 CONFIGS = ("LLMGymGRPOConfig", "LLMGymSFTConfig")
 #: Defaults longer than this are cut in the table (the system prompt); --help has them whole.

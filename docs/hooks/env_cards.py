@@ -12,7 +12,7 @@ from pathlib import Path
 
 from llm_gym.agent.cards import card_markdown
 
-MARKER = re.compile(r"^<!--\s*env-card:\s*(\S+)\s*-->\s*$", flags=re.M)
+MARKER = re.compile(r"^<!--\s*env-card:\s*(\S+)\s*-->[ \t]*$", flags=re.M)
 CARDS = Path(__file__).resolve().parents[1] / "data" / "env_cards.json"
 
 

@@ -10,7 +10,7 @@ import re
 
 from llm_gym.registration import id_table
 
-MARKER = re.compile(r"^<!--\s*id-table\s*-->\s*$", flags=re.M)
+MARKER = re.compile(r"^<!--\s*id-table\s*-->[ \t]*$", flags=re.M)
 
 
 def expand(markdown: str) -> str:

@@ -15,7 +15,7 @@ from gymnasium.envs.registration import load_env_creator
 
 import llm_gym  # noqa: F401  (registers the llmgym/* ids)
 
-MARKER = re.compile(r"^<!--\s*reward-table:\s*(\S+)\s*-->\s*$", flags=re.M)
+MARKER = re.compile(r"^<!--\s*reward-table:\s*(\S+)\s*-->[ \t]*$", flags=re.M)
 
 
 def reward_spec(env_id: str):
