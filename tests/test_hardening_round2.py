@@ -758,14 +758,30 @@ def _code_strings(path: Path) -> list[str]:
     return out
 
 
+PUBLISHING_BENCHMARKS = ("learning_study.py", "organism_learning.py")
+
+
 @pytest.mark.parametrize(
     "path",
-    # learning_study.py publishes with an explicit flag; its own test checks that its quick mode writes nothing there
-    [p for p in sorted((REPO / "benchmarks").glob("*.py")) if p.name != "learning_study.py"],
+    # these two publish with an explicit --publish flag; their own tests check that --quick writes nothing there
+    [p for p in sorted((REPO / "benchmarks").glob("*.py")) if p.name not in PUBLISHING_BENCHMARKS],
     ids=lambda p: p.name,
 )
 def test_benchmarks_name_no_docs_path(path):
     assert not [s for s in _code_strings(path) if "docs" in s], f"{path.name} names a docs/ path in its code"
+
+
+def test_organism_learning_quick_results_are_never_published(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("organism_learning", REPO / "benchmarks" / "organism_learning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "part_bandit", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit):
+        bench.main(["--work-dir", str(tmp_path / "w"), "--quick", "--publish"])
+    assert "never published" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
 
 
 def test_our_trl_calls_raise_no_checkpointing_deprecation_but_others_still_do(tiny_dir):

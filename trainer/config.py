@@ -330,7 +330,7 @@ class OutputArguments:
         default="learning_curve.png",
         metadata={
             "help": "PNG in output_dir drawn at the end: training success per logged step, each evaluation with "
-            "its 95% interval, and the random valid-action baseline's interval; '' = off."
+            "its confidence interval, and the random valid-action baseline's interval; '' = off."
         },
     )
     episode_gif: str = field(

@@ -424,6 +424,8 @@ def training_outputs(config: Any) -> list[Path]:
         "README.md",
         config.episode_records,
         config.collapse_report,
+        config.learning_curve,
+        config.episode_gif,
     ]
     if config.collapse_report:
         names.append(str(Path(config.collapse_report).with_suffix(".png")))
