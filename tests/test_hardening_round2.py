@@ -774,7 +774,9 @@ def test_benchmarks_name_no_docs_path(path):
 def test_organism_learning_quick_results_are_never_published(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("organism_learning", REPO / "benchmarks" / "organism_learning.py")
+    spec = importlib.util.spec_from_file_location(
+        "organism_learning", REPO / "benchmarks" / "organism_learning.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.setattr(bench, "part_bandit", lambda *a: pytest.fail("a run started"))

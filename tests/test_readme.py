@@ -119,10 +119,7 @@ def test_test_command_is_what_ci_runs():
 
 
 def test_main_job_command_is_in_the_readme():
-    assert (
-        "bash scripts/setup.sh && .venv/bin/llmgym-train --env FrozenLake --model smollm2 --max_steps 10"
-        in README
-    )
+    assert "bash scripts/setup.sh && .venv/bin/llmgym-train --profile organism --env Bandit" in README
 
 
 def test_documented_console_scripts_are_declared():

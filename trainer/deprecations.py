@@ -12,6 +12,9 @@ use of the old names. Two sources reached a user's run, several times each:
   A user cannot act on that (the calls are in those libraries, made for us): :func:`old_checkpointing_names`
   silences exactly those three messages around our calls into them; every other warning, and the same ones from
   any other caller, still show.
+
+TRL 1.16 also deprecates ``SFTTrainer(compute_loss_func=...)`` (removal in 2.0, outside our ``trl<1.17`` pin).
+``--format_loss_weight`` uses it; :func:`compute_loss_func_in_trl_1_16` silences that one message around our call.
 """
 
 from __future__ import annotations
@@ -30,6 +33,17 @@ def old_checkpointing_names() -> Iterator[None]:
     calls into TRL and PEFT code that still uses them)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MESSAGE, category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
+def compute_loss_func_in_trl_1_16() -> Iterator[None]:
+    """Silence TRL's ``FutureWarning`` that ``compute_loss_func`` goes in TRL 2.0 in this block (our pin stops
+    before it; the user cannot act on it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`compute_loss_func` is deprecated", category=FutureWarning
+        )
         yield
 
 

@@ -37,7 +37,7 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -492,6 +492,59 @@ def build_dataset(
     return Dataset(InMemoryTable(table), fingerprint=stats["sha256"][:16]), stats
 
 
+#: The reply's format markup (llm_gym.core.parsing's tags and action separator): the tokens ``format_loss_weight``
+#: weighs down, with the end of turn.
+FORMAT_TEXTS = ("<think>", "</think>", "<answer>", "</answer>", " || ", "||")
+
+
+def format_token_ids(template: Any) -> frozenset[int]:
+    """The token ids of the format markup (each tag encoded alone, and the end-of-turn token) for ``template``
+    (a :class:`~llm_gym.trainer.chat_templates.ChatTemplateTokens`). A tokenizer that merges a tag's last
+    character into the next word (``>Left``) leaves that token at full weight: content wins a tie."""
+    ids = {int(template.end_of_turn_id)}
+    for text in FORMAT_TEXTS:
+        ids.update(int(i) for i in template.encode(text))
+    return frozenset(ids)
+
+
+def weighted_token_loss(
+    logits: Any, labels: Any, format_ids: frozenset[int], weight: float, num_items_in_batch: Any = None
+) -> Any:
+    """Next-token cross-entropy over the labelled positions (``-100`` elsewhere) with the format tokens'
+    positions weighted ``weight`` and the rest 1, normalised by the weights' sum.
+
+    Under gradient accumulation each micro-batch's weighted mean is scaled by its share of the step's labelled
+    tokens (``num_items_in_batch``), so with ``weight = 1`` this is exactly TRL's loss (sum over tokens / tokens in
+    the step)."""
+    import torch
+
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != -100
+    safe = shift_labels.masked_fill(~mask, 0)
+    nll = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), safe.reshape(-1), reduction="none"
+    ).view_as(safe)
+    is_format = torch.isin(safe, torch.tensor(sorted(format_ids), device=safe.device))
+    w = torch.where(is_format, torch.as_tensor(float(weight), device=safe.device), 1.0) * mask
+    loss = (nll * w).sum() / w.sum().clamp(min=1e-12)
+    if num_items_in_batch is not None:
+        loss = loss * mask.sum() / torch.as_tensor(num_items_in_batch, device=loss.device).clamp(min=1)
+    return loss
+
+
+def format_weighted_loss(template: Any, weight: float) -> Callable[..., Any] | None:
+    """``SFTTrainer``'s ``compute_loss_func`` for ``--format_loss_weight``: ``None`` (TRL's loss) at 1."""
+    if float(weight) == 1.0:
+        return None
+    format_ids = format_token_ids(template)
+
+    def loss(outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:
+        return weighted_token_loss(outputs.logits, labels, format_ids, float(weight), num_items_in_batch)
+
+    return loss
+
+
 def _short(e: BaseException, limit: int = 200) -> str:
     text = " ".join(str(e).split()) or "no message"
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -581,13 +634,17 @@ def train_sft(
     if resume_from_checkpoint:
         check_resume_data(resume_from_checkpoint, data)
     start = checkpoint_step(resume_from_checkpoint) if resume_from_checkpoint else 0
-    from llm_gym.trainer.deprecations import old_checkpointing_names
+    from llm_gym.trainer.deprecations import compute_loss_func_in_trl_1_16, old_checkpointing_names
 
     marker = CheckpointMarkerCallback({SFT_DATA_FILE: json.dumps(data) + "\n"})
-    with old_checkpointing_names():  # TRL's and PEFT's calls use the old names; the user cannot act on them
+    # TRL's and PEFT's calls use the old names, and --format_loss_weight uses TRL 1.16's compute_loss_func: the
+    # user cannot act on either deprecation
+    with old_checkpointing_names(), compute_loss_func_in_trl_1_16():
         trainer = SFTTrainer(
             model=model,
             args=config,
+            # TRL's own loss unless the format tokens are weighed down (its metrics stay TRL's either way)
+            compute_loss_func=format_weighted_loss(template, config.format_loss_weight),
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=peft_config(config),
@@ -642,6 +699,7 @@ def train_sft(
             "use_peft": bool(getattr(config, "use_peft", False)),
             "merged_lora": bool(merge_lora and getattr(config, "use_peft", False)),
             "seed": config.seed,
+            "format_loss_weight": float(config.format_loss_weight),
         },
         "steps": steps,
         "resumed_from": str(resume_from_checkpoint) if resume_from_checkpoint else None,
