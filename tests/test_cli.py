@@ -338,6 +338,8 @@ def test_tiny_end_to_end_with_eval_and_resume(capsys, tiny_dir, tmp_path):
     assert main([*common, "--max_steps", "1"]) == 0
     text = capsys.readouterr().out
     assert "before training: success" in text and "success before" in text and "-> after" in text
+    # the grpo preset's entropy bonus on a model this small: the measured warning
+    assert "llmgym-train: warning: entropy_coef 0.001 on a " in text
     assert (out / "final" / "config.json").is_file()
     assert (out / "checkpoint-1").is_dir()
     assert (out / "episodes.jsonl").is_file()

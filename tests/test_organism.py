@@ -148,3 +148,12 @@ def test_names_and_board_cells_are_tokens_of_their_own(bandit_tokenizer):
     # one token per grid cell, even for cell letters that sit side by side
     pieces = [tok.decode([i]) for i in tok("PG_\nO__")["input_ids"]]
     assert pieces == ["P", "G", "_", "\n", "O", "_", "_"]
+
+
+def test_small_model_warnings_follow_the_measured_harm():
+    from llm_gym.trainer.organism import SMALL_MODEL_PARAMETERS, small_model_warnings
+
+    (line,) = small_model_warnings(891_008, 0.001)
+    assert "entropy_coef 0.001 on a 0.9M-parameter model" in line and "--entropy_coef 0" in line
+    assert small_model_warnings(891_008, 0.0) == []
+    assert small_model_warnings(SMALL_MODEL_PARAMETERS, 0.001) == []  # SmolLM2's size: not measured

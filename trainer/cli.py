@@ -277,6 +277,10 @@ def run(config: Any, meta: dict[str, Any]) -> int:
         f"{config.num_prompts_per_round} seeds x {config.num_generations} rollouts per round | "
         f"output {config.output_dir}"
     )
+    from llm_gym.trainer.organism import small_model_warnings
+
+    for line in small_model_warnings(sum(p.numel() for p in model.parameters()), config.entropy_coef):
+        say(f"llmgym-train: warning: {line}")
     do_eval = config.eval_before_after and config.num_eval_seeds > 0
     before = trainer.evaluate() if do_eval else {}
     if before:

@@ -85,6 +85,26 @@ def is_organism(name: Any) -> bool:
     return n == _PREFIX or n.startswith(_PREFIX + "-") and not os.path.isdir(name)
 
 
+#: Below this many parameters, settings measured harmful on the model organism print a warning (measured on the
+#: 0.9M-parameter organism only; SmolLM2's 135M is above and unmeasured).
+SMALL_MODEL_PARAMETERS = 10_000_000
+
+
+def small_model_warnings(num_parameters: int, entropy_coef: float) -> list[str]:
+    """Warnings for a model of ``num_parameters`` run with settings that harmed the model organism
+    (``benchmarks/organism_learning.py``'s defaults grid: Bandit, three RL seeds from one warm start)."""
+    if num_parameters >= SMALL_MODEL_PARAMETERS:
+        return []
+    out = []
+    if entropy_coef and entropy_coef > 0:
+        out.append(
+            f"entropy_coef {entropy_coef:g} on a {num_parameters / 1e6:.1f}M-parameter model: on the 0.9M "
+            "organism an entropy bonus of 0.001 collapsed one of three Bandit runs to no valid answer "
+            "(docs/training/organism.md#defaults); --entropy_coef 0 avoids it"
+        )
+    return out
+
+
 def organism_size(name: str) -> str:
     """The size suffix of an organism name (``organism`` -> the default); :class:`OrganismError` if unknown."""
     n = name.strip().lower()
