@@ -7,6 +7,10 @@ Parts, each saved in ``--work-dir`` as it finishes (rerunning the same command s
   evaluated on 512 held-out seeds before and after, beside random valid arms.
 * ``bandit_held_out``: the warm start and the RL model on ``llmgym/BanditHeldOut-v0`` (8 arm-name pairs never
   trained on), to say whether what RL learned generalises beyond the 12 training pairs.
+* ``frozenlake_sft_*``: the sample-efficiency gap. ``llmgym-sft`` trains ``organism-s`` on 3x3 CoordFrozenLake
+  solver episodes (seeds 1,000,000.., 300 steps of 32 episodes, lr 1e-3 constant) with the loss on every reply
+  token alike (TRL's loss) and with the format tokens weighed 0.1 (``--format_loss_weight``), each evaluated
+  greedily on 512 held-out seeds (200,000..) beside random valid moves and the optimum.
 * ``defaults_*``: RL from the same warm start with the grpo preset's entropy bonus (0.001) and per-group reward
   scaling, alone and together, against neither: the measurement behind the recommended defaults.
 
@@ -23,6 +27,7 @@ main-job table from it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -160,15 +165,25 @@ DEFAULTS_GRID = {
 }
 
 
+#: RL seeds of the defaults grid: the evaluation interval covers the evaluation's sampling only, so each setting
+#: runs from several training seeds (42 is the main job's; its parts keep their seedless names)
+DEFAULTS_SEEDS = (42, 1, 2)
+
+
 def part_defaults(work: Path, quick: bool) -> dict[str, Any]:
-    """RL from the main job's warm start with each :data:`DEFAULTS_GRID` setting (one part per setting)."""
+    """RL from the main job's warm start with each :data:`DEFAULTS_GRID` setting and training seed (one part
+    each)."""
     warm = work / "bandit" / "warm_start" / "final"
     out: dict[str, Any] = {}
-    for name, flags in DEFAULTS_GRID.items():
+    for (setting, flags), seed in itertools.product(
+        DEFAULTS_GRID.items(), DEFAULTS_SEEDS[:1] if quick else DEFAULTS_SEEDS
+    ):
+        name = setting if seed == DEFAULTS_SEEDS[0] else f"{setting}_seed{seed}"
         done = work / f"defaults_{name}.json"
         if not done.is_file():
             run = work / f"defaults_{name}"
             cmd = [_bin(MAIN_JOB[0]), *MAIN_JOB[1:], "--model", str(warm), "--warm_start", "none", *flags]
+            cmd += ["--seed", str(seed)]
             cmd += [
                 "--output_dir",
                 str(run),
@@ -184,9 +199,70 @@ def part_defaults(work: Path, quick: bool) -> dict[str, Any]:
             first, last = report["evals"][0], report["evals"][-1]
             result = {
                 "flags": " ".join(flags),
+                "seed": seed,
                 "warm_start": {k: first[k] for k in ("success", "valid")},
                 "after": {k: last[k] for k in ("success", "valid")},
                 **timing,
+            }
+            done.write_text(json.dumps(result, indent=2) + "\n")
+        out[name] = {"seed": seed, **json.loads(done.read_text())}
+    return out
+
+
+#: 3x3 deterministic CoordFrozenLake, one move a turn, three turns, no reasoning block (the probes' task).
+FL_ENV = "llmgym/CoordFrozenLake-v0"
+FL_KWARGS = {
+    "success_rate": 1.0,
+    "size": 3,
+    "max_turns": 3,
+    "max_actions_per_turn": 1,
+    "max_actions": 3,
+    "think": False,
+}
+#: format-token loss weights compared; 1.0 is TRL's loss (the reference)
+FL_WEIGHTS = (1.0, 0.1)
+
+
+def part_frozenlake_sft(work: Path, quick: bool) -> dict[str, Any]:
+    """``llmgym-sft`` on solver episodes at each :data:`FL_WEIGHTS`, then greedy ``llmgym-eval`` (one part each)."""
+    data = work / "frozenlake_solver.jsonl"
+    seeds, steps, n = (40, 4, 16) if quick else (300, 300, 512)
+    if not data.is_file():
+        cmd = [_bin("llmgym"), "export", "--env", FL_ENV, "--env_kwargs", json.dumps(FL_KWARGS), "--policy"]
+        cmd += ["expert", "--seed", "1000000", "--num_episodes", str(seeds), "-o", str(data)]
+        _timed(cmd, work / "frozenlake_export.log")
+    out: dict[str, Any] = {}
+    for weight in FL_WEIGHTS:
+        name = f"w{weight:g}"
+        done = work / f"frozenlake_sft_{name}.json"
+        if not done.is_file():
+            run = work / f"frozenlake_sft_{name}"
+            cmd = [_bin("llmgym-sft"), "--model", "organism-s", "--data", str(data), "--output_dir", str(run)]
+            cmd += [
+                "--overwrite_output_dir",
+                "--max_steps",
+                str(steps),
+                "--per_device_train_batch_size",
+                "32",
+            ]
+            cmd += ["--learning_rate", "1e-3", "--lr_scheduler_type", "constant", "--seed", "0"]
+            cmd += ["--format_loss_weight", str(weight), "--logging_steps", "50"]
+            timing = _timed(cmd, work / f"frozenlake_sft_{name}.log")
+            ev = work / f"frozenlake_eval_{name}"
+            cmd = [_bin("llmgym-eval"), "--model", str(run / "final"), "--env", FL_ENV, "--num_seeds", str(n)]
+            cmd += ["--seed_start", "200000", "--env_kwargs", json.dumps(FL_KWARGS), "--temperature", "0"]
+            cmd += ["--max_new_tokens", "16", "--output_dir", str(ev), "--overwrite", "--no_progress"]
+            _timed(cmd, work / f"frozenlake_eval_{name}.log")
+            s = json.loads((ev / "summary.json").read_text())["envs"][FL_ENV]
+            rows = sum(1 for _ in data.open())
+            result = {
+                "format_loss_weight": weight,
+                "episodes": rows,
+                "steps": steps,
+                "success": {"n": s["episodes"], "rate": s["success_rate"], "ci": s["success_ci"]},
+                "valid": s["valid"],
+                "baselines": s["baseline"],
+                "sft": timing,
             }
             done.write_text(json.dumps(result, indent=2) + "\n")
         out[name] = json.loads(done.read_text())
@@ -205,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     bandit = part_bandit(args.work_dir, args.quick)
     held = part_held_out(args.work_dir, args.quick)
     defaults = part_defaults(args.work_dir, args.quick)
+    frozenlake = part_frozenlake_sft(args.work_dir, args.quick)
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
@@ -212,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "envs": {"llmgym/Bandit-v0": {"grpo": bandit}, HELD_OUT_ENV: {"grpo": held}},
         "defaults": {"env": "llmgym/Bandit-v0", "from": "the main job's warm start", "runs": defaults},
+        "frozenlake_sft": {"env": FL_ENV, "env_kwargs": FL_KWARGS, "model": "organism-s", "runs": frozenlake},
     }
     text = json.dumps(result, indent=2) + "\n"
     (args.work_dir / "organism_learning.json").write_text(text)
@@ -228,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         after, valid = r["after"]["success"], r["after"]["valid"]
         print(
             f"defaults {name}: after {after['rate']:.3f} {_ci(after)}, valid {valid['rate']:.2f} {_ci(valid)}"
+        )
+    ref = frozenlake[f"w{FL_WEIGHTS[0]:g}"]["success"]["rate"]
+    for name, r in frozenlake.items():
+        sr, rnd = r["success"], r["baselines"]["random"]
+        print(
+            f"FrozenLake SFT {name}: {sr['rate']:.3f} {_ci(sr)}, random {rnd['rate']:.3f} {_ci(rnd)}; "
+            f"vs w1: {sr['rate'] / max(ref, 1e-9):.2f}x; SFT {r['sft']['cpu_seconds']:.0f} CPU-s"
         )
     if args.publish:
         PUBLISHED.write_text(text)

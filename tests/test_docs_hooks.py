@@ -33,6 +33,9 @@ def _markers() -> list[tuple[str, str]]:
         ("config_tables", "<!-- config-table: FilterArguments -->"),
         ("config_tables", "<!-- config-groups -->"),
         ("env_cards", f"<!-- env-card: {family} -->"),
+        ("organism_learning", "<!-- organism-learning -->"),
+        ("organism_learning", "<!-- organism-frozenlake-sft -->"),
+        ("organism_learning", "<!-- organism-learning-defaults -->"),
     ]
 
 
@@ -45,3 +48,26 @@ def test_the_blank_line_after_a_marker_survives(name, marker):
     assert sep and tail == "\n", f"the paragraph after the marker lost its blank line: {text[-200:]!r}"
     # trailing spaces after the marker are still part of the marker line
     assert hook.expand(f"{marker}  \n\nNext.\n").endswith("\n\nNext.\n")
+
+
+def test_the_organism_table_is_the_recorded_run():
+    import json
+
+    data = json.loads((HOOKS.parent / "data" / "organism_learning.json").read_text())
+    after = data["envs"]["llmgym/Bandit-v0"]["grpo"]["after"]["success"]
+    text = _hook("organism_learning").expand("<!-- organism-learning -->\n")
+    assert f"**{after['rate']:.3f} [{after['ci'][0]:.3f}, {after['ci'][1]:.3f}]**" in text
+    text = _hook("organism_learning").expand("<!-- organism-learning-defaults -->\n")
+    assert text.count("--entropy_coef") == len({r["flags"] for r in data["defaults"]["runs"].values()})
+
+
+def test_the_frozenlake_table_is_the_recorded_sft_runs():
+    import json
+
+    data = json.loads((HOOKS.parent / "data" / "organism_learning.json").read_text())
+    runs = data["frozenlake_sft"]["runs"].values()
+    text = _hook("organism_learning").expand("<!-- organism-frozenlake-sft -->\n")
+    for r in runs:
+        s = r["success"]
+        assert f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]" in text
+    assert "random valid moves" in text and "optimum" in text

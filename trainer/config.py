@@ -821,7 +821,7 @@ class SFTDataArguments:
             "help": "Weight of the reply's format tokens (<think>, </think>, <answer>, </answer>, the action "
             "separator, the end of turn) in the loss against the answer's content: 1.0 weighs every reply token "
             "alike (TRL's loss); lower puts the gradient on the decision. On the model organism's FrozenLake 0.1 "
-            "raised held-out success from 0.37 to 0.49 on the same rows (docs/training/organism.md)."
+            "raised held-out success from 0.36 to 0.62 on the same rows (docs/training/organism.md)."
         },
     )
 
