@@ -160,17 +160,35 @@ def test_evaluation_report_groups_eval_rounds_and_runs_the_baseline():
     from llm_gym.agent.baselines import evaluation_report, format_outcomes
     from llm_gym.agent.records import EpisodeRecord, TurnRecord
 
-    def rec(step, ok):
+    def rec(step, ok, seed):
         t = TurnRecord("r", "o", 0.0, info={"action_is_valid": True, "success": ok})
-        return EpisodeRecord("llmgym/Bandit-v0", 0, "obs", turns=[t], meta={"mode": "eval", "step": step})
+        return EpisodeRecord("llmgym/Bandit-v0", seed, "obs", turns=[t], meta={"mode": "eval", "step": step})
 
-    recs = [rec(10, True), rec(0, False), rec(10, True), rec(0, True)]
+    recs = [rec(10, True, 0), rec(0, False, 0), rec(10, True, 1), rec(0, True, 1)]
     rep = evaluation_report("llmgym/Bandit-v0", [0, 1, 2, 3], {"think": False}, recs)
     assert [e["step"] for e in rep["evals"]] == [0, 10]
     assert rep["evals"][0]["success"]["successes"] == 1 and rep["evals"][1]["success"]["successes"] == 2
     assert rep["baseline"]["random"]["n"] == 4
     line = format_outcomes(rep["evals"][1])
     assert line.startswith("success 1.000 [") and "success among valid 1.00" in line
+
+
+def test_an_evaluation_repeated_at_one_step_counts_each_episode_once():
+    """The periodic evaluation falling on max_steps and the final one record the same step: the report's n is
+    the seeds x samples, not twice that, and the later evaluation's episodes are the ones counted."""
+    from llm_gym.agent.baselines import evaluation_report
+    from llm_gym.agent.records import EpisodeRecord, TurnRecord
+
+    def rec(seed, sample, ok):
+        t = TurnRecord("r", "o", 0.0, info={"action_is_valid": True, "success": ok})
+        meta = {"mode": "eval", "step": 40, "group_index": sample}
+        return EpisodeRecord("llmgym/Bandit-v0", seed, "obs", turns=[t], meta=meta)
+
+    periodic = [rec(seed, k, False) for seed in range(8) for k in range(2)]
+    final = [rec(seed, k, seed < 6) for seed in range(8) for k in range(2)]
+    rep = evaluation_report("llmgym/Bandit-v0", list(range(8)), {"think": False}, periodic + final, samples=2)
+    (only,) = rep["evals"]
+    assert only["success"]["n"] == 16 and only["success"]["successes"] == 12
 
 
 def test_llmgym_eval_reports_the_baseline_and_success_among_valid(tmp_path, capsys):

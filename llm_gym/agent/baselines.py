@@ -114,10 +114,14 @@ def evaluation_report(
     z: float = 1.96,
 ) -> dict[str, Any]:
     """The baselines on ``seeds`` and, for each evaluation round in ``records`` (grouped by ``meta["step"]``,
-    in step order), its :func:`outcome_summary`. ``env_kwargs`` must hold the run's turn/action limits."""
-    rounds: dict[int, list[Any]] = {}
+    in step order, each (seed, sample) once), its :func:`outcome_summary`. ``env_kwargs`` must hold the run's turn/action limits."""
+    # An evaluation at a step that already has one (the periodic evaluation falling on max_steps, then the final
+    # one) replaces it episode by episode: each (seed, sample) counts once, the later record winning.
+    by_step: dict[int, dict[tuple[Any, Any], Any]] = {}
     for r in records:
-        rounds.setdefault(int(r.meta.get("step", 0)), []).append(r)
+        key = (r.seed, r.meta.get("group_index", 0))
+        by_step.setdefault(int(r.meta.get("step", 0)), {})[key] = r
+    rounds = {step: list(episodes.values()) for step, episodes in by_step.items()}
     return {
         "env": env_id,
         "seeds": [int(seeds[0]), int(seeds[-1])] if len(seeds) else [],

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from llm_gym._jsonl import MAX_FILE_BYTES, decode_json, iter_lines
@@ -44,8 +45,11 @@ _FAILED: dict[tuple[str, str, frozenset[str] | None], str] = {}
 _LOCK = threading.Lock()
 
 
-class DatasetUnavailableError(RuntimeError, ValueError):
+class DatasetUnavailableError(RuntimeError, ValueError, gym.error.DependencyNotInstalled):
     """A hub dataset could not be loaded (no network and not cached, or ``datasets`` missing).
+
+    Also Gymnasium's ``DependencyNotInstalled``: an id whose default data is a hub dataset cannot be built
+    offline, and tools that walk the registry (Gymnasium's env suite) skip it as they skip a missing extra.
 
     Also a ``ValueError``: like a bad file, it is a data source that cannot be used, and callers that report bad
     input (``llmgym render`` of a record naming a hub dataset) catch ``ValueError``."""
