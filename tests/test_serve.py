@@ -384,6 +384,21 @@ def _remote(server, env_id, **kw):
     return gym.make("llmgym/Remote-v0", url=server.url, env_id=env_id, env_kwargs=make_kwargs(env_id), **kw)
 
 
+@pytest.mark.parametrize("env_id", ["llmgym/FrozenLake-v0", "llmgym/Bandit-v0"])
+def test_a_solver_demonstration_of_a_served_env_is_the_local_one(server, env_id):
+    """CPU defaults show a solver demonstration; the served env mirrors no expert, so it is played locally."""
+    from llm_gym.agent.chat import ChatFormat, example_exchange
+
+    fmt = ChatFormat(one_shot=True, demonstration="solver")
+    remote = _remote(server, env_id)
+    try:
+        shown = example_exchange(remote, fmt)
+    finally:
+        remote.close()
+    assert shown == example_exchange(gym.make(env_id, **make_kwargs(env_id)), fmt)
+    assert shown and shown[-1]["role"] == "assistant"
+
+
 @pytest.mark.parametrize("env_id", ALL_IDS)
 def test_contract_and_identical_episodes_over_the_wire(server, env_id):
     remote = _remote(server, env_id)

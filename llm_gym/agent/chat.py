@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 
 from llm_gym.core.checks import is_int
-from llm_gym.registration import make_env
+from llm_gym.registration import REMOTE_ID, make_env
 
 DEFAULT_SYSTEM_PROMPT = "You're a helpful assistant."
 #: ``ChatFormat.style`` values.
@@ -234,6 +234,11 @@ EXAMPLE_SEED = 987_654
 def _demo_env(env: gym.Env) -> gym.Env:
     """A copy of ``env`` with the same constructor arguments and no window, to be reset on its own."""
     spec = getattr(env, "spec", None)
+    if spec is not None and spec.id == REMOTE_ID:
+        # A served env's demonstration is played on a local env of the served id: the solver runs here (the
+        # server mirrors no expert), and the served episodes equal local ones seed for seed.
+        base = _base(env)
+        return make_env(base.env_id, dict(base.env_kwargs))
     if spec is not None:
         kwargs = {k: v for k, v in dict(spec.kwargs).items() if k != "render_mode"}
         return make_env(spec.id, kwargs)
