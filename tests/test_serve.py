@@ -384,6 +384,36 @@ def _remote(server, env_id, **kw):
     return gym.make("llmgym/Remote-v0", url=server.url, env_id=env_id, env_kwargs=make_kwargs(env_id), **kw)
 
 
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda d: d.update(reward=float("nan")),
+        lambda d: d.update(reward=float("-inf")),
+        lambda d: d["observation"]["info"].update(score=float("inf")),
+        lambda d: d["observation"]["info"].update(nested={"deep": [1.0, float("nan")]}),
+    ],
+)
+def test_non_finite_rewards_and_info_from_a_server_never_reach_the_agent(server, monkeypatch, poison):
+    from llm_gym.serve.client import RemoteEnv, RemoteEnvError
+
+    env = _remote(server, "llmgym/Bandit-v0")
+    env.reset(seed=0)
+    real = RemoteEnv._call
+
+    def hostile(self, message):  # the server's step reply, as a hostile server would send it
+        data = real(self, message)
+        if message.get("type") == "step":
+            poison(data)
+        return data
+
+    monkeypatch.setattr(RemoteEnv, "_call", hostile)
+    try:
+        with pytest.raises(RemoteEnvError, match="NaN or an infinite number"):
+            env.step(env.unwrapped.example_response())
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("env_id", ["llmgym/FrozenLake-v0", "llmgym/Bandit-v0"])
 def test_a_solver_demonstration_of_a_served_env_is_the_local_one(server, env_id):
     """CPU defaults show a solver demonstration; the served env mirrors no expert, so it is played locally."""

@@ -21,6 +21,7 @@ episode is gone, and the next ``reset`` opens a new session.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import urllib.error
@@ -78,6 +79,17 @@ def _split_url(url: str) -> tuple[str, str | None, bool]:
     from llm_gym.serve.config import is_loopback
 
     return base, parts.password, is_loopback(host)
+
+
+def _finite_numbers(value: Any, depth: int = 0) -> bool:
+    """Whether every number in a decoded JSON value is finite (nesting is bounded by the reader)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return depth < 64 and all(_finite_numbers(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return depth < 64 and all(_finite_numbers(v, depth + 1) for v in value)
+    return True
 
 
 def _error_text(body: bytes | bytearray) -> str:
@@ -340,6 +352,10 @@ class RemoteEnv(gym.Env[str, str]):
         ):
             self._drop()
             raise RemoteEnvError(f"{self.url}: the reply's observation does not have the llm-gym fields")
+        # Python's JSON reader accepts NaN and Infinity: a non-finite number must never reach the agent
+        if not (reward is None or math.isfinite(reward)) or not _finite_numbers(info):
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: the reply's reward or info holds NaN or an infinite number")
         self._attrs.update(attrs)
         return text, None if reward is None else float(reward), terminated, truncated, info
 
