@@ -1178,3 +1178,53 @@ def test_stock_trl_grpo_trains_through_an_openenv_client_on_the_server(server, t
     up = local.step("<think>up</think><answer>Up</answer>")[1]
     assert logs and logs[0]["rewards/reward_func/mean"] == pytest.approx(up / 2, abs=1e-6)
     assert logs[0]["tools/call_frequency"] > 0
+
+
+def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else():
+    """M2: a server answering 302 to another origin gets one refusal; the other origin never sees a request."""
+    import http.server
+    import threading
+
+    from llm_gym.serve.client import RemoteEnvError
+
+    seen: list[dict[str, str]] = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirector(Elsewhere):
+        def do_GET(self):  # noqa: N802
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_port}{self.path}")
+            self.end_headers()
+
+        do_POST = do_GET
+
+    first = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirector)
+    for srv in (first, other):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteEnvError, match="redirect .*not followed"):
+            gym.make(
+                "llmgym/Remote-v0",
+                url=f"http://127.0.0.1:{first.server_port}",
+                env_id="llmgym/Bandit-v0",
+                token=TOKEN,
+                connect_timeout_s=5,
+                request_timeout_s=5,
+            )
+        assert seen == []
+    finally:
+        for srv in (first, other):
+            srv.shutdown()
+            srv.server_close()

@@ -110,6 +110,13 @@ def _status_of(message: str) -> int | None:
     return None
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """``llmgym serve`` never redirects: a redirect is not followed, so the bearer token never goes elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        return None  # urllib then raises the 3xx as an HTTPError
+
+
 def _http_json(
     base: str, path: str, body: dict[str, Any] | None = None, *, token: str | None, timeout_s: float
 ) -> dict[str, Any]:
@@ -123,11 +130,20 @@ def _http_json(
         data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
     req = urllib.request.Request(base + path, data=data, headers=headers, method="POST" if data else "GET")
     host = urllib.parse.urlsplit(base).hostname or ""
-    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if is_loopback(host) else []))
+    handlers: list[Any] = [_NoRedirects()]
+    if is_loopback(host):
+        handlers.append(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(req, timeout=timeout_s) as resp:
             raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:
+            where = str(e.headers.get("Location", "?"))[:200] if e.headers else "?"
+            raise RemoteEnvError(
+                f"{base}{path} answered a redirect (HTTP {e.code} to {where}); not followed: llmgym serve never "
+                "redirects, and the token is sent only to the URL given"
+            ) from None
         text = _error_text(e.read(1 << 16))
         if e.code == 401:
             raise RemoteEnvError(f"{base} refused the token (HTTP 401): {text}") from None
