@@ -41,6 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _offline  # noqa: E402, F401  (offline, single-threaded)
+from learning_study import SETTINGS  # noqa: E402
+
+_FROZENLAKE = SETTINGS["FrozenLake"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "data" / "organism_learning.json"
@@ -209,16 +212,10 @@ def part_defaults(work: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
-#: 3x3 deterministic CoordFrozenLake, one move a turn, three turns, no reasoning block (the probes' task).
-FL_ENV = "llmgym/CoordFrozenLake-v0"
-FL_KWARGS = {
-    "success_rate": 1.0,
-    "size": 3,
-    "max_turns": 3,
-    "max_actions_per_turn": 1,
-    "max_actions": 3,
-    "think": False,
-}
+#: 3x3 deterministic CoordFrozenLake, one move a turn, three turns, no reasoning block (the probes' task): the
+#: learning study's FrozenLake setting, the one place it is declared.
+FL_ENV = _FROZENLAKE.env
+FL_KWARGS = _FROZENLAKE.env_kwargs_with_limits()
 #: format-token loss weights compared; 1.0 is TRL's loss (the reference)
 FL_WEIGHTS = (1.0, 0.1)
 
