@@ -43,6 +43,7 @@ from typing import Any
 
 from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
 from llm_gym.core.checks import is_int
+from llm_gym.core.parsing import ACTION_SEP, RAGEN_SPECIAL_TOKENS
 
 #: Most rows read from one data set (a warm start uses hundreds).
 MAX_ROWS = 1_000_000
@@ -492,9 +493,9 @@ def build_dataset(
     return Dataset(InMemoryTable(table), fingerprint=stats["sha256"][:16]), stats
 
 
-#: The reply's format markup (llm_gym.core.parsing's tags and action separator): the tokens ``format_loss_weight``
-#: weighs down, with the end of turn.
-FORMAT_TEXTS = ("<think>", "</think>", "<answer>", "</answer>", " || ", "||")
+#: The reply's format markup (the tags and action separator ``llm_gym.core.parsing.format_response`` writes): the
+#: tokens ``format_loss_weight`` weighs down, with the end of turn.
+FORMAT_TEXTS = (*RAGEN_SPECIAL_TOKENS[:4], f" {ACTION_SEP} ", ACTION_SEP)
 
 
 def format_token_ids(template: Any) -> frozenset[int]:

@@ -114,7 +114,8 @@ def evaluation_report(
     z: float = 1.96,
 ) -> dict[str, Any]:
     """The baselines on ``seeds`` and, for each evaluation round in ``records`` (grouped by ``meta["step"]``,
-    in step order, each (seed, sample) once), its :func:`outcome_summary`. ``env_kwargs`` must hold the run's turn/action limits."""
+    in step order, each (seed, sample) once), its :func:`outcome_summary`. ``env_kwargs`` must hold the run's
+    turn/action limits."""
     # An evaluation at a step that already has one (the periodic evaluation falling on max_steps, then the final
     # one) replaces it episode by episode: each (seed, sample) counts once, the later record winning.
     by_step: dict[int, dict[tuple[Any, Any], Any]] = {}
