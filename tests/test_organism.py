@@ -157,3 +157,27 @@ def test_small_model_warnings_follow_the_measured_harm():
     assert "entropy_coef 0.001 on a 0.9M-parameter model" in line and "--entropy_coef 0" in line
     assert small_model_warnings(891_008, 0.0) == []
     assert small_model_warnings(SMALL_MODEL_PARAMETERS, 0.001) == []  # SmolLM2's size: not measured
+
+
+def test_dry_run_sizes_an_organism_by_name_without_building_it(tmp_path, monkeypatch):
+    """--dry_run knows the organism's shape by name (no config.json exists before the run builds it): the plan
+    counts the parameters a built organism has at the size's full vocabulary, and nothing is built."""
+    from llm_gym.trainer import memory
+    from llm_gym.trainer.dry_run import memory_report
+    from llm_gym.trainer.resolve import resolve_config
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
+    config, meta = resolve_config(
+        ["--profile", "organism", "--env", "Bandit", "--model", "organism-s"],
+        gpu=True,
+        log=lambda *_: None,
+        dry_run=True,
+    )
+    text, _ = memory_report(config, meta)
+    assert "organism-s, built at run time; 0.15M parameters" in text and "fits 80 GiB" in text, text
+    assert not (tmp_path / "cache").exists()  # sized, not built
+    built = Qwen2ForCausalLM(Qwen2Config(**organism.config_fields("s")))
+    assert built.num_parameters() == 150_080  # the sizes table of docs/training/organism.md
+    shape = memory.ModelShape.from_config(Qwen2Config(**organism.config_fields("s")).to_dict())
+    assert shape.parameters() == built.num_parameters()

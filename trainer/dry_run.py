@@ -270,21 +270,34 @@ def _setup_for(config: Any, meta: dict[str, Any], sharding: str, procs: int) -> 
     return setup, precision
 
 
+def _parameters(n: float) -> str:
+    """A parameter count as people write it: 3.09B, 0.89M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
 def memory_report(config: Any, meta: dict[str, Any]) -> tuple[str, bool | None]:
     """The per-GPU memory of the resolved settings: the table of the chosen setting, one line with its GiB per GPU
     and whether it fits ``gpu_memory_gib`` (else 80 and 141 GiB), and the plan over 1/2/4/8 GPUs with and without
     FSDP. Returns ``(text, fits)`` (``fits`` None: not known)."""
-    from llm_gym.trainer import memory
+    from llm_gym.trainer import memory, organism
 
-    path = find_model_config(str(meta.get("model")), meta.get("model_config"))
-    if path is None:
+    path: Any = find_model_config(str(meta.get("model")), meta.get("model_config"))
+    if path is None and not meta.get("model_config") and organism.is_organism(meta.get("model")):
+        # built from scratch at run time: its shape is known by name (at the size's full vocabulary)
+        from transformers import Qwen2Config
+
+        name = str(meta.get("model"))
+        model_cfg = Qwen2Config(**organism.config_fields(organism.organism_size(name))).to_dict()
+        path = f"{name}, built at run time"
+    elif path is None:
         have = ", ".join(bundled_model_configs())
         return (
             f"memory: no config.json found for {meta.get('model')!r} (not a local folder, not in the hub cache, "
             f"not one of the bundled configs: {have}); pass --model_config PATH/config.json",
             None,
         )
-    model_cfg = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        model_cfg = json.loads(path.read_text(encoding="utf-8"))
     sharding, procs = accelerate_setup(meta.get("accelerate_config"))
     setup, precision = _setup_for(config, meta, sharding, procs)
     gpu = meta.get("gpu_memory_gib")
@@ -293,7 +306,7 @@ def memory_report(config: Any, meta: dict[str, Any]) -> tuple[str, bool | None]:
     est = memory.estimate_memory(model_cfg, setup, gpu_gib=sizes[0])
     models = "policy + critic" if setup.critic else "policy"
     lines = [
-        f"memory per GPU ({path}; {est.parameters / 1e9:.2f}B parameters, {models}, "
+        f"memory per GPU ({path}; {_parameters(est.parameters)} parameters, {models}, "
         f"{memory.plan_label(sharding, procs)}, {setup.per_device_batch} rows x "
         f"{setup.prompt_length}+{setup.completion_length} tokens per micro-batch; weights {precision.load} -> "
         f"{precision.params}, AdamW on {precision.master}, compute {precision.compute}):",

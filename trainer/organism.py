@@ -183,6 +183,23 @@ def _key(env_id: str, env_kwargs: Mapping[str, Any], size: str, seed: int) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def config_fields(size: str, vocab_size: int | None = None) -> dict[str, Any]:
+    """The ``Qwen2Config`` fields of organism ``size`` (a key of :data:`SIZES`). ``vocab_size`` is the built
+    tokenizer's; without it the size's full vocabulary, an upper bound (an env with fewer distinct merges gets a
+    slightly smaller one): what ``--dry_run`` sizes before anything is built."""
+    shape = SIZES[size]
+    return {
+        "vocab_size": shape.vocab_size if vocab_size is None else int(vocab_size),
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_hidden_layers,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 4096,
+    }
+
+
 def build_organism(
     out_dir: str | os.PathLike,
     env_id: str,
@@ -209,14 +226,7 @@ def build_organism(
     # A private generator, so building never moves the caller's global RNG streams.
     gen = torch.Generator().manual_seed(int(seed))
     config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
+        **config_fields(size, len(tok)),
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
