@@ -20,7 +20,7 @@ EXIT_CODES_HELP = (
 
 
 def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """TRL's flag style on every llm-gym command: ``--num_seeds``, not ``--num-seeds``.
+    """TRL's flag style on every llm-gym command: ``--num_eval_seeds``, not ``--num-eval-seeds``.
 
     Each dashed long option becomes its snake_case spelling in help and errors; the dashed spelling still
     parses as a hidden, deprecated alias (older scripts keep working). Applies to sub-commands too.
