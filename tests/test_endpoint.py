@@ -174,7 +174,17 @@ def test_openai_policy_end_to_end(serve, tmp_path, capsys):
     server = serve(openai_like)
     out_dir = tmp_path / "ev"
     args = ["--endpoint", server.url, "--model", "served-model", "--env", "FrozenLakeDeterministic", "Bandit"]
-    args += ["--num_eval_seeds", "2", "-n", "2", "--output_dir", str(out_dir), "--no_progress", "--api_key", "k"]
+    args += [
+        "--num_eval_seeds",
+        "2",
+        "-n",
+        "2",
+        "--output_dir",
+        str(out_dir),
+        "--no_progress",
+        "--api_key",
+        "k",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "FrozenLakeDeterministic-v0" in printed and "Bandit-v0" in printed

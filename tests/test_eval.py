@@ -195,7 +195,9 @@ def test_eval_flags_are_snake_case_with_hidden_dashed_aliases(capsys):
 
     parser = build_parser()
     help_text = parser.format_help()
-    assert "--num_eval_seeds" in help_text and "--num-eval-seeds" not in help_text and "exit codes" in help_text
+    assert (
+        "--num_eval_seeds" in help_text and "--num-eval-seeds" not in help_text and "exit codes" in help_text
+    )
     new = parser.parse_args(["--model", "m", "--num_eval_seeds", "3", "--samples_per_seed", "2", "-o", "d"])
     old = parser.parse_args(
         ["--model", "m", "--num-eval-seeds", "3", "--samples-per-seed", "2", "--output-dir", "d"]

@@ -82,7 +82,8 @@ def test_n1_train_and_eval_refuse_a_linked_lock_in_one_line(tiny_dir, tmp_path, 
     (run / LOCK_FILE).symlink_to(victim)
     monkeypatch.setattr(ev, "make_policy", lambda a: pytest.fail("the model must not load"))
     assert (
-        ev.main(["--model", "m", "--env", "Bandit", "--num_eval_seeds", "1", "-o", str(run), "--no_progress"]) == 1
+        ev.main(["--model", "m", "--env", "Bandit", "--num_eval_seeds", "1", "-o", str(run), "--no_progress"])
+        == 1
     )
     monkeypatch.setattr(train_cli, "run", lambda *a: pytest.fail("the model must not load"))
     assert (
@@ -117,7 +118,15 @@ def test_n10_eval_resume_refuses_a_linked_records_file(tmp_path, capsys, monkeyp
 
     good = "<think>x</think><answer>Right</answer>"
     monkeypatch.setattr(ev, "make_policy", lambda a: (lambda batch: [good] * len(batch), "scripted"))
-    args = ["--model", "scripted", "--env", "FrozenLakeDeterministic", "--num_eval_seeds", "2", "--no_progress"]
+    args = [
+        "--model",
+        "scripted",
+        "--env",
+        "FrozenLakeDeterministic",
+        "--num_eval_seeds",
+        "2",
+        "--no_progress",
+    ]
     assert ev.main([*args, "-o", str(tmp_path / "first")]) == 0
     other = tmp_path / "OTHER.jsonl"
     shutil.copy(tmp_path / "first" / "episodes.jsonl", other)

@@ -297,8 +297,7 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
 # ------------------------------------------------------------------------------------------------ CLI
 #: ``--help`` sections in order (the titles ``llmgym-train`` uses): title -> what they hold.
 HELP_GROUPS = {
-    "model": "The model played (a local transformers model, or a served one behind --endpoint) and its "
-    "precision.",
+    "model": "The model played: a local transformers model, or one served behind an OpenAI-compatible endpoint.",
     "environment": "Which environments are played, and their turn and action limits (as llmgym-train's).",
     "evaluation": "The seeds, the samples per seed and the sampling.",
     "prompt": "The chat the model sees (as llmgym-train's); unset ones come from the llmgym_run.json a trained "

@@ -300,12 +300,13 @@ def _default(f: Any) -> Any:
     return f.default_factory() if f.default is MISSING else f.default
 
 
-def help_group_of(config_cls: type) -> dict[str, str]:
+def help_group_of(config_cls: type, own: dict[type, str] | None = None) -> dict[str, str]:
     """``field name -> --help section`` for every config field: a field of one of the config's group
-    dataclasses goes to that group's section, a TRL field to its :data:`TRL_HELP_GROUPS` section, else "other"."""
+    dataclasses (``own``: group -> section; default ``llmgym-train``'s) goes to that group's section, a TRL field to
+    its :data:`TRL_HELP_GROUPS` section, else "other"."""
     from llm_gym.trainer import config as c
 
-    own = {
+    own = own or {
         c.ModelArguments: "model",
         c.EnvArguments: "environment",
         c.PromptArguments: "prompt",
@@ -352,12 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     into_sections(parser, sections, help_group_of(LLMGymGRPOConfig), COMMON)
     env = parser._option_string_actions["--env"]
     env.help = env_help(str(env.help))  # the registry's families, not a list written here
-    _negated_flag_help(parser)
+    negated_flag_help(parser)
     # HfArgumentParser lists a dashed alias next to every flag: keep it parsing, hidden (as llmgym-eval does)
     return snake_case_options(parser)
 
 
-def _negated_flag_help(parser: argparse.ArgumentParser) -> None:
+def negated_flag_help(parser: argparse.ArgumentParser) -> None:
     """HfArgumentParser's ``--no_X`` (for a boolean field that defaults to True) repeats X's help and shows a
     default of False; say what it does instead (the ``--X`` flag shows the default)."""
     for action in parser._actions:
@@ -391,5 +392,6 @@ __all__ = [
     "RunOptions",
     "build_parser",
     "help_group_of",
+    "negated_flag_help",
     "parse_explicit",
 ]
