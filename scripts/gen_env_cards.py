@@ -1,6 +1,7 @@
 """Write the environment cards (``docs/data/env_cards.json``) from the code: one card per family.
 
     python scripts/gen_env_cards.py             # regenerate every field the code decides; keep the throughput
+                                                #   (measured for a new family's card)
     python scripts/gen_env_cards.py --publish   # also measure the throughput (in process and through llmgym serve)
     python scripts/gen_env_cards.py --check     # exit 1 when a committed card is stale (what the test runs)
 
@@ -131,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         old = committed.get("cards", {}).get(family, {})
-        if args.publish:
-            card["throughput"] = throughput(env_id)
-        elif old.get("env_id") == env_id and "throughput" in old:
+        if not args.publish and old.get("env_id") == env_id and "throughput" in old:
             card["throughput"] = old["throughput"]
+        else:  # --publish, or a new family's card (no throughput to keep)
+            card["throughput"] = throughput(env_id)
     out = {
         "generator": "scripts/gen_env_cards.py",
         "cards": fresh,

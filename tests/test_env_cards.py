@@ -42,7 +42,8 @@ def test_committed_cards_are_not_stale(fresh, committed):
     """Everything but the throughput is regenerated and compared; the seeding digest, written by two other
     processes with other PYTHONHASHSEEDs, must also come out of this one."""
     assert gen.stale(committed, fresh) == [], "env cards are stale: run python scripts/gen_env_cards.py"
-    assert set(fresh) == {"frozenlake", "bandit", "sokoban", "countdown", "metamathqa"}
+    # a card per family that builds offline (a new family needs `python scripts/gen_env_cards.py`)
+    assert set(fresh) == set(card_ids()) >= {"frozenlake", "bandit", "sokoban", "countdown", "metamathqa"}
     for card in committed["cards"].values():
         assert (
             card["throughput"]["in_process_steps_per_s"] > 0 and card["throughput"]["served_steps_per_s"] > 0
