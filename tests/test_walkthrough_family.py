@@ -255,9 +255,8 @@ def test_the_walkthrough_in_a_checkout_passes_what_a_contributor_runs(tmp_path):
         code = re.findall(r"```python\n(.*?)```", GUIDE, flags=re.S)
         (block,) = [b for b in code if b.startswith(first + "\n")]
         (family / first.rsplit("/", 1)[1]).write_text(block, encoding="utf-8")
-    (line,) = [
-        ln for ln in _block("# llm_gym/registration.py").splitlines() if ln.strip().startswith("EnvEntry(")
-    ]
+    guide = _block("# llm_gym/registration.py").replace(PACKAGE, "llm_gym.envs.corridor")  # the page's own text
+    (line,) = [ln for ln in guide.splitlines() if ln.strip().startswith("EnvEntry(")]
     registration_py = repo / "llm_gym" / "registration.py"
     text = registration_py.read_text(encoding="utf-8")
     head, sep, rest = text.partition("ENVS: tuple[EnvEntry, ...] = (\n")
