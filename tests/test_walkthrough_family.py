@@ -191,7 +191,9 @@ def test_any_registered_id_works_as_env_without_extra_flags(corridor, capsys):
     from llm_gym.cli import main as llmgym
 
     config, meta = resolve_config(["--env", "Corridor"], gpu=False, log=lambda *_: None)
-    assert config.env == ENV_ID and meta["profile"] == "recommended"  # a profile without corridor.yaml: skipped
+    assert (
+        config.env == ENV_ID and meta["profile"] == "recommended"
+    )  # a profile without corridor.yaml: skipped
     make_env(ENV_ID, config.make_env_kwargs()).close()  # the CPU layer's limits fit the new family
     args = evaluate.build_parser().parse_args(["--model", "m", "--env", "Corridor", "--max_turns", "2"])
     env_ids, env_kwargs, _ = evaluate._check_args(args)
@@ -248,7 +250,7 @@ def _docs_page() -> str:
     )
 
 
-@pytest.mark.slow  # a checkout copy, the card generator (a served throughput run) and five test files: ~2-4 min
+@pytest.mark.slow  # a checkout copy, the card generator (a served throughput run) and five test files: ~40 s
 def test_the_walkthrough_in_a_checkout_passes_what_a_contributor_runs(tmp_path):
     """The six files of the walkthrough written into a copy of the repository as the guide says (the package,
     the ENVS line, the docs page, README regenerated), then the generators and tests a contributor runs."""
@@ -267,7 +269,9 @@ def test_the_walkthrough_in_a_checkout_passes_what_a_contributor_runs(tmp_path):
         code = re.findall(r"```python\n(.*?)```", GUIDE, flags=re.S)
         (block,) = [b for b in code if b.startswith(first + "\n")]
         (family / first.rsplit("/", 1)[1]).write_text(block, encoding="utf-8")
-    guide = _block("# llm_gym/registration.py").replace(PACKAGE, "llm_gym.envs.corridor")  # the page's own text
+    guide = _block("# llm_gym/registration.py").replace(
+        PACKAGE, "llm_gym.envs.corridor"
+    )  # the page's own text
     (line,) = [ln for ln in guide.splitlines() if ln.strip().startswith("EnvEntry(")]
     registration_py = repo / "llm_gym" / "registration.py"
     text = registration_py.read_text(encoding="utf-8")
