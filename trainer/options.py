@@ -287,7 +287,9 @@ def parse_bool(value: str) -> bool:
 
 
 def _field_default(f: Field) -> Any:
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if callable(f.default_factory) else None
 
 
 def _argparse_kwargs(f: Field, hint: Any) -> dict[str, Any]:
