@@ -359,8 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def negated_flag_help(parser: argparse.ArgumentParser) -> None:
-    """HfArgumentParser's ``--no_X`` (for a boolean field that defaults to True) repeats X's help and shows a
-    default of False; say what it does instead (the ``--X`` flag shows the default)."""
+    """HfArgumentParser's negated flag (``no_`` + the name, for a boolean field that defaults to True) repeats the
+    field's help and shows a default of False; say what it does instead (the field's own flag shows the default)."""
     for action in parser._actions:
         negated = [o for o in action.option_strings if o.startswith("--no_")]
         if negated and isinstance(action, argparse._StoreFalseAction):

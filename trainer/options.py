@@ -277,7 +277,7 @@ def env_help(text: str) -> str:
 
 
 def parse_bool(value: str) -> bool:
-    """``--flag true`` / ``false`` (also 1/0, yes/no, on/off), as ``HfArgumentParser`` takes them."""
+    """A boolean option's value: true / false (also 1/0, yes/no, on/off), as ``HfArgumentParser`` takes them."""
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
@@ -322,12 +322,11 @@ def add_field_options(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     unset_default: bool = False,
 ) -> None:
-    """Add ``--NAME`` to an ``argparse`` parser or group for the fields ``names`` of dataclass ``cls`` (default:
-    all), with the field's type, default, choices and help. ``overrides``: per field, ``argparse`` keywords that
-    replace the derived ones (a command's own default, ``nargs``; None removes one), and ``help_suffix`` appended
-    to the help.
-    ``unset_default``: the default is None (the command fills unset ones from elsewhere) and the help names the
-    field's default."""
+    """Add an option named after each field (its name with two dashes) to an ``argparse`` parser or group, for the
+    fields ``names`` of dataclass ``cls`` (default: all), with the field's type, default, choices and help.
+    ``overrides``: per field, ``argparse`` keywords that replace the derived ones (a command's own default,
+    ``nargs``; None removes one), and ``help_suffix`` appended to the help. ``unset_default``: the default is None
+    (the command fills unset ones from elsewhere) and the help names the field's default."""
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in fields(cls)}
     for name in names if names is not None else list(by_name):
@@ -381,8 +380,8 @@ def add_alias(parser: argparse.ArgumentParser, dest: str, alias: str) -> None:
 
 
 def accept_dashed(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Let every ``--snake_case`` flag also parse as ``--snake-case`` (hidden), as ``HfArgumentParser`` does for
-    ``llmgym-train`` and ``llmgym-sft``: older scripts written with dashes keep working."""
+    """Let every option written with underscores also parse with dashes instead (hidden), as ``HfArgumentParser``
+    does for ``llmgym-train`` and ``llmgym-sft``: older scripts written with dashes keep working."""
     for opt, action in list(parser._option_string_actions.items()):
         if opt.startswith("--") and "_" in opt:
             parser._option_string_actions.setdefault("--" + opt[2:].replace("_", "-"), action)
