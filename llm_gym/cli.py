@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, env_help, snake_case_options
 from llm_gym.registration import resolve_env_id
 
 
@@ -433,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=_cmd_render)
 
     play = sub.add_parser("play", help="play an environment yourself")
-    play.add_argument("--env", required=True, help="short name (Sokoban, FrozenLake, ...) or full id")
+    play.add_argument(
+        "--env", required=True, help=env_help("A family's short name, a variant's name or an id.")
+    )
     play.add_argument(
         "--seed", type=int, default=None, help="seed of the first episode (then +1 per episode)"
     )
@@ -446,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write solver (expert) or random valid-action episodes as a chat dataset (JSONL or Hugging Face "
         "datasets)",
     )
-    export.add_argument("--env", default=None, help="short name (Sokoban, FrozenLake, ...) or full id")
+    export.add_argument(
+        "--env", default=None, help=env_help("A family's short name, a variant's name or an id.")
+    )
     export.add_argument(
         "-o", "--out", default=None, help="output: a .jsonl file, or a folder with --format hf"
     )

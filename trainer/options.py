@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from llm_gym.trainer.defaults import EVAL_SEED
 
+from llm_gym._cli import env_help
 from llm_gym.agent.chat import (
     CHAT_SETTINGS,
     CHAT_STYLES,
@@ -269,13 +270,6 @@ DEPRECATED: dict[str, dict[str, str]] = {
 
 
 # ------------------------------------------------------------------------------------------ building parsers
-def env_help(text: str) -> str:
-    """``--env``'s help with the families of the registry named (so a new family shows up by itself)."""
-    from llm_gym.registration import family_names
-
-    return f"{text} Families: {', '.join(family_names())}."
-
-
 def parse_bool(value: str) -> bool:
     """A boolean option's value: true / false (also 1/0, yes/no, on/off), as ``HfArgumentParser`` takes them."""
     v = value.strip().lower()
