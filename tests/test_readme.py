@@ -54,6 +54,12 @@ def test_readme_fits_the_size_budget():
     assert len(README.encode("utf-8")) <= _load(ROOT / "scripts" / "gen_readme.py").MAX_BYTES == 15_360
 
 
+def test_the_generator_refuses_a_readme_over_the_cap(monkeypatch, capsys):
+    gen = _load(ROOT / "scripts" / "gen_readme.py")
+    monkeypatch.setattr(gen, "MAX_BYTES", len(README.encode("utf-8")) - 1)
+    assert gen.main(["--check"]) == 1 and "over its" in capsys.readouterr().err
+
+
 def test_readme_id_table_is_generated_from_the_code():
     gen = _load(ROOT / "scripts" / "gen_readme.py")
     assert gen.render(README) == README, "README.md's id table is stale: run python scripts/gen_readme.py"
