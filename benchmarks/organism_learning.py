@@ -7,10 +7,12 @@ Parts, each saved in ``--work-dir`` as it finishes (rerunning the same command s
   evaluated on 512 held-out seeds before and after, beside random valid arms.
 * ``bandit_held_out``: the warm start and the RL model on ``llmgym/BanditHeldOut-v0`` (8 arm-name pairs never
   trained on), to say whether what RL learned generalises beyond the 12 training pairs.
-* ``frozenlake_sft_*``: the sample-efficiency gap. ``llmgym-sft`` trains ``organism-s`` on 3x3 CoordFrozenLake
-  solver episodes (seeds 1,000,000.., 300 steps of 32 episodes, lr 1e-3 constant) with the loss on every reply
-  token alike (TRL's loss) and with the format tokens weighed 0.1 (``--format_loss_weight``), each evaluated
-  greedily on 512 held-out seeds (200,000..) beside random valid moves and the optimum.
+* ``frozenlake_sft_*`` (part ``frozenlake``): the sample-efficiency gap. ``llmgym-sft`` trains ``organism-s`` on
+  3x3 CoordFrozenLake solver episodes (seeds 1,000,000.., steps of 32 episodes, lr 1e-3 constant) with the loss
+  on every reply token alike (TRL's loss, 300 steps) and with the format tokens weighed 0.1
+  (``--format_loss_weight``, 300 and 600 steps), each evaluated greedily on 512 held-out seeds (200,000..) beside
+  random valid moves and the optimum; ``frozenlake_control``: the plain-PyTorch control
+  (``benchmarks/plain_control.py``) trained on every move of the same episodes and played on the same seeds.
 * ``defaults_*``: RL from the same warm start with the grpo preset's entropy bonus (0.001) and per-group reward
   scaling, alone and together, against neither: the measurement behind the recommended defaults.
 
@@ -21,6 +23,8 @@ none) and ``num_eval_seeds``; the run's ``eval_report.json``, learning curve and
 main-job table from it.
 
     OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --publish
+    OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --parts frozenlake --publish \\
+        --reuse-published   # the FrozenLake comparison alone, runs published with the same settings kept
     OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --quick --work-dir /tmp/ol_quick   # ~1 CPU-minute
 """
 
@@ -216,22 +220,27 @@ def part_defaults(work: Path, quick: bool) -> dict[str, Any]:
 #: learning study's FrozenLake setting, the one place it is declared.
 FL_ENV = _FROZENLAKE.env
 FL_KWARGS = _FROZENLAKE.env_kwargs_with_limits()
-#: format-token loss weights compared; 1.0 is TRL's loss (the reference)
-FL_WEIGHTS = (1.0, 0.1)
+#: ``llmgym-sft`` runs compared, name -> (format-token loss weight, steps); ``w1`` (TRL's loss, 300 steps) is the
+#: reference. The organism reads the board only after a plateau of ~250 steps (its training accuracy on the move
+#: stays near the moves' marginal until then), so the same data is also trained twice as long.
+FL_RUNS = {"w1": (1.0, 300), "w0.1": (0.1, 300), "w0.1_600": (0.1, 600)}
+#: The plain-PyTorch control (benchmarks/plain_control.py): trained on every move of the same solver episodes.
+FL_CONTROL_STEPS = 300
 
 
-def part_frozenlake_sft(work: Path, quick: bool) -> dict[str, Any]:
-    """``llmgym-sft`` on solver episodes at each :data:`FL_WEIGHTS`, then greedy ``llmgym-eval`` (one part each)."""
-    data = work / "frozenlake_solver.jsonl"
-    seeds, steps, n = (40, 4, 16) if quick else (300, 300, 512)
-    if not data.is_file():
-        cmd = [_bin("llmgym"), "export", "--env", FL_ENV, "--env_kwargs", json.dumps(FL_KWARGS), "--policy"]
-        cmd += ["expert", "--seed", "1000000", "--num_episodes", str(seeds), "-o", str(data)]
-        _timed(cmd, work / "frozenlake_export.log")
+def part_frozenlake_sft(work: Path, quick: bool, published: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``llmgym-sft`` on solver episodes for each of :data:`FL_RUNS`, then greedy ``llmgym-eval`` (one part
+    each). ``published``: runs already published with the same weight and steps are taken as they are
+    (``--reuse-published``) instead of being trained again."""
+    data = frozenlake_data(work, quick)
+    n = 16 if quick else 512
     out: dict[str, Any] = {}
-    for weight in FL_WEIGHTS:
-        name = f"w{weight:g}"
+    for name, (weight, full_steps) in FL_RUNS.items():
+        steps = 4 if quick else full_steps
         done = work / f"frozenlake_sft_{name}.json"
+        old = (published or {}).get(name)
+        if not done.is_file() and old and (old["format_loss_weight"], old["steps"]) == (weight, steps):
+            done.write_text(json.dumps(old, indent=2) + "\n")
         if not done.is_file():
             run = work / f"frozenlake_sft_{name}"
             cmd = [_bin("llmgym-sft"), "--model", "organism-s", "--data", str(data), "--output_dir", str(run)]
@@ -246,9 +255,9 @@ def part_frozenlake_sft(work: Path, quick: bool) -> dict[str, Any]:
             cmd += ["--format_loss_weight", str(weight), "--logging_steps", "50"]
             timing = _timed(cmd, work / f"frozenlake_sft_{name}.log")
             ev = work / f"frozenlake_eval_{name}"
-            cmd = [_bin("llmgym-eval"), "--model", str(run / "final"), "--env", FL_ENV, "--num_seeds", str(n)]
-            cmd += ["--seed_start", "200000", "--env_kwargs", json.dumps(FL_KWARGS), "--temperature", "0"]
-            cmd += ["--max_new_tokens", "16", "--output_dir", str(ev), "--overwrite", "--no_progress"]
+            cmd = [_bin("llmgym-eval"), "--model", str(run / "final"), "--env", FL_ENV, "--num_eval_seeds", str(n)]
+            cmd += ["--eval_seed", str(FL_EVAL_SEED), "--env_kwargs", json.dumps(FL_KWARGS), "--temperature", "0"]
+            cmd += ["--max_new_tokens", "16", "--output_dir", str(ev), "--overwrite_output_dir", "--no_progress"]
             _timed(cmd, work / f"frozenlake_eval_{name}.log")
             s = json.loads((ev / "summary.json").read_text())["envs"][FL_ENV]
             rows = sum(1 for _ in data.open())
@@ -266,31 +275,94 @@ def part_frozenlake_sft(work: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
+#: held-out seeds of the FrozenLake comparison (the probes' evaluation seeds; far from export's 1,000,000..)
+FL_EVAL_SEED = 200_000
+
+
+def frozenlake_data(work: Path, quick: bool) -> Path:
+    """The solver episodes both our SFT and the control train on: ``llmgym export --policy expert`` on seeds
+    1,000,000.. (300 tried; seeds the solver cannot finish within the turn limit are skipped)."""
+    data = work / "frozenlake_solver.jsonl"
+    if not data.is_file():
+        cmd = [_bin("llmgym"), "export", "--env", FL_ENV, "--env_kwargs", json.dumps(FL_KWARGS), "--policy"]
+        cmd += ["expert", "--seed", "1000000", "--num_episodes", str(40 if quick else 300), "-o", str(data)]
+        _timed(cmd, work / "frozenlake_export.log")
+    return data
+
+
+def part_frozenlake_control(work: Path, quick: bool) -> dict[str, Any]:
+    """The plain-PyTorch control on the same solver episodes and the same held-out seeds."""
+    import plain_control
+
+    done = work / "frozenlake_control.json"
+    if not done.is_file():
+        n, steps = (16, 4) if quick else (512, FL_CONTROL_STEPS)
+        seeds = range(FL_EVAL_SEED, FL_EVAL_SEED + n)
+        result = plain_control.run(frozenlake_data(work, quick), FL_ENV, FL_KWARGS, seeds, steps=steps)
+        done.write_text(json.dumps(result, indent=2) + "\n")
+    return json.loads(done.read_text())
+
+
+#: The parts, in the order they run; ``--parts`` picks some and ``--publish`` then keeps the others' published
+#: sections as they are.
+PARTS = ("bandit", "bandit_held_out", "defaults", "frozenlake")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, required=True, help="runs and finished parts (resumable)")
     ap.add_argument("--quick", action="store_true", help="a few steps and 16 seeds: checks the pipeline only")
     ap.add_argument("--publish", action="store_true", help=f"write {PUBLISHED.relative_to(ROOT)}")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated subset of {', '.join(PARTS)}; with --publish the other sections stay as published",
+    )
+    ap.add_argument(
+        "--reuse-published",
+        action="store_true",
+        help="take FrozenLake SFT runs already published with the same settings instead of training them again",
+    )
     args = ap.parse_args(argv)
     if args.quick and args.publish:
         ap.error("--quick results are never published")
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        ap.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    bandit = part_bandit(args.work_dir, args.quick)
-    held = part_held_out(args.work_dir, args.quick)
-    defaults = part_defaults(args.work_dir, args.quick)
-    frozenlake = part_frozenlake_sft(args.work_dir, args.quick)
-    result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
-        "cpus": os.cpu_count(),
-        "quick": args.quick,
-        "envs": {"llmgym/Bandit-v0": {"grpo": bandit}, HELD_OUT_ENV: {"grpo": held}},
-        "defaults": {"env": "llmgym/Bandit-v0", "from": "the main job's warm start", "runs": defaults},
-        "frozenlake_sft": {"env": FL_ENV, "env_kwargs": FL_KWARGS, "model": "organism-s", "runs": frozenlake},
-    }
+    work, quick = args.work_dir, args.quick
+    keep = set(parts) != set(PARTS) or args.reuse_published
+    result: dict[str, Any] = json.loads(PUBLISHED.read_text()) if keep and not quick else {}
+    result.update(
+        {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
+            "cpus": os.cpu_count(),
+            "quick": quick,
+        }
+    )
+    envs = result.setdefault("envs", {})
+    if "bandit" in parts:
+        envs["llmgym/Bandit-v0"] = {"grpo": part_bandit(work, quick)}
+    if "bandit_held_out" in parts:
+        envs[HELD_OUT_ENV] = {"grpo": part_held_out(work, quick)}
+    if "defaults" in parts:
+        runs = part_defaults(work, quick)
+        result["defaults"] = {"env": "llmgym/Bandit-v0", "from": "the main job's warm start", "runs": runs}
+    if "frozenlake" in parts:
+        reuse = result.get("frozenlake_sft", {}).get("runs") if args.reuse_published else None
+        result["frozenlake_sft"] = {
+            "env": FL_ENV,
+            "env_kwargs": FL_KWARGS,
+            "model": "organism-s",
+            "runs": part_frozenlake_sft(work, quick, reuse),
+            "control": part_frozenlake_control(work, quick),
+        }
     text = json.dumps(result, indent=2) + "\n"
     (args.work_dir / "organism_learning.json").write_text(text)
-    for env, runs in result["envs"].items():
+    bandit, defaults = envs["llmgym/Bandit-v0"]["grpo"], result["defaults"]["runs"]
+    frozenlake, control = result["frozenlake_sft"]["runs"], result["frozenlake_sft"].get("control")
+    for env, runs in envs.items():
         r = runs["grpo"]
         ws, after, rnd = r["warm_start"]["success"], r["after"]["success"], r["baselines"]["random"]
         print(
@@ -304,12 +376,20 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"defaults {name}: after {after['rate']:.3f} {_ci(after)}, valid {valid['rate']:.2f} {_ci(valid)}"
         )
-    ref = frozenlake[f"w{FL_WEIGHTS[0]:g}"]["success"]["rate"]
+    ref = frozenlake["w1"]["success"]["rate"]
     for name, r in frozenlake.items():
         sr, rnd = r["success"], r["baselines"]["random"]
         print(
             f"FrozenLake SFT {name}: {sr['rate']:.3f} {_ci(sr)}, random {rnd['rate']:.3f} {_ci(rnd)}; "
-            f"vs w1: {sr['rate'] / max(ref, 1e-9):.2f}x; SFT {r['sft']['cpu_seconds']:.0f} CPU-s"
+            f"vs w1: {sr['rate'] / max(ref, 1e-9):.2f}x"
+            + (f", vs control: {sr['rate'] / max(control['success']['rate'], 1e-9):.2f}x" if control else "")
+            + f"; SFT {r['sft']['cpu_seconds']:.0f} CPU-s"
+        )
+    if control:
+        c = control["success"]
+        print(
+            f"FrozenLake control (plain PyTorch, {control['states']} states): {c['rate']:.3f} {_ci(c)}; "
+            f"{control['train_cpu_seconds']:.0f} CPU-s"
         )
     if args.publish:
         PUBLISHED.write_text(text)

@@ -52,31 +52,41 @@ def defaults_table(data: dict[str, Any]) -> str:
 
 
 def frozenlake_table(data: dict[str, Any]) -> str:
-    """``llmgym-sft`` on FrozenLake solver episodes at each format-token loss weight, beside random and optimum."""
+    """``llmgym-sft`` on FrozenLake solver episodes at each format-token loss weight and length, the plain-PyTorch
+    control on the same episodes, random and optimum."""
     gen = _gen_readme()
-    fl = data.get("frozenlake_sft", {}).get("runs", {})
+    section = data.get("frozenlake_sft", {})
+    fl = section.get("runs", {})
     if not fl:
         return ""
     runs = list(fl.values())
     first = runs[0]
     lines = [
-        "| `llmgym-sft` on solver episodes | held-out success (greedy) | valid moves | SFT CPU-s |",
-        "|---|---|---|---|",
+        "| trained on the same solver episodes | steps | held-out success (greedy) | valid moves | CPU-s |",
+        "|---|---|---|---|---|",
     ]
     for r in runs:
         label = (
-            "TRL's loss (every reply token alike)"
+            "`llmgym-sft`, TRL's loss (every reply token alike)"
             if r["format_loss_weight"] == 1.0
-            else (f"`--format_loss_weight {r['format_loss_weight']:g}`")
+            else (f"`llmgym-sft --format_loss_weight {r['format_loss_weight']:g}`")
         )
         lines.append(
-            f"| {label} | {gen.rate_with_ci(r['success'])} | {r['valid']['rate']:.2f} | {r['sft']['cpu_seconds']:.0f} |"
+            f"| {label} | {r['steps']} | {gen.rate_with_ci(r['success'])} | {r['valid']['rate']:.2f} | "
+            f"{r['sft']['cpu_seconds']:.0f} |"
         )
-    lines.append(f"| random valid moves | {gen.rate_with_ci(first['baselines']['random'])} | 1 | |")
-    lines.append(f"| optimum (the solver) | {gen.rate_with_ci(first['baselines']['optimum'])} | 1 | |")
+    control = section.get("control")
+    if control:
+        lines.append(
+            f"| plain-PyTorch control ({control['states']} moves, characters, loss on the move) | "
+            f"{control['steps']} | {gen.rate_with_ci(control['success'])} | 1 | "
+            f"{control['train_cpu_seconds']:.0f} |"
+        )
+    lines.append(f"| random valid moves | | {gen.rate_with_ci(first['baselines']['random'])} | 1 | |")
+    lines.append(f"| optimum (the solver) | | {gen.rate_with_ci(first['baselines']['optimum'])} | 1 | |")
     return "\n".join(lines) + (
-        f"\n\n{first['episodes']} solver episodes, {first['steps']} steps of 32, lr 1e-3 constant, "
-        f"{first['success']['n']} held-out seeds."
+        f"\n\n{first['episodes']} solver episodes; `llmgym-sft` steps of 32 episodes at lr 1e-3 constant "
+        f"(`organism-s`); {first['success']['n']} held-out seeds."
     )
 
 
