@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
-from llm_gym.trainer import compat, prefix_sharing
+from llm_gym.trainer import compat, prefix_sharing, turn_cache
 from llm_gym.trainer.batch import (
     constant_group_rows,
     episode_rewards,
@@ -174,6 +174,8 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         self.prefix_sharing = prefix_sharing.from_setting(
             args.use_prefix_sharing, self.model, lockstep=self.accelerator.num_processes > 1
         )
+        #: The KV cache carried across turns in HF generation (:mod:`llm_gym.trainer.turn_cache`), or None when off.
+        self.turn_cache = turn_cache.from_setting(args.use_turn_cache, self.model, args.turn_cache_budget_mib)
         self.add_callback(EnvProgressCallback(self.callback_handler))
         deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))
         for cb in make_signal_callbacks(args, self, deepspeed=deepspeed):

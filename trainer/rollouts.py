@@ -345,7 +345,9 @@ class HFGenerate:
         session.calls += 1
         plain = len(contexts) * max(len(c) for c in contexts)
         layout = (
-            prefix_sharing.share_prompts(contexts, self.sharing.min_saved) if self.sharing is not None else None
+            prefix_sharing.share_prompts(contexts, self.sharing.min_saved)
+            if self.sharing is not None
+            else None
         )
         shares = layout is not None and (layout.shares or self.lockstep)
         today = layout.tokens()[0] if layout is not None and shares else plain

@@ -44,16 +44,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from llm_gym.trainer import prefix_sharing
+from llm_gym.trainer.defaults import TURN_CACHE_BUDGET_MIB
 
 logger = logging.getLogger(__name__)
 
 #: Attention implementations whose masked attention over a padded cache is the plain batch's.
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-
-#: Default cap (MiB) on the KV cache carried between turns of one rollout round.
-DEFAULT_BUDGET_MIB = 4096.0
 
 _HINT = "; pass --use_turn_cache false to generate without it"
 
@@ -284,7 +281,7 @@ class TurnCacheStats:
 class TurnCache:
     """The trainer's setting and counts; each rollout round carries its own state (:class:`TurnSession`)."""
 
-    def __init__(self, budget_mib: float = DEFAULT_BUDGET_MIB):
+    def __init__(self, budget_mib: float = TURN_CACHE_BUDGET_MIB):
         if not budget_mib >= 0:
             raise ValueError(f"turn_cache_budget_mib must be >= 0, got {budget_mib!r}")
         self.budget_mib = float(budget_mib)
@@ -320,7 +317,9 @@ class TurnSession:
         layers = cache_layers(cache)
         carried = carried_from(layers, attention_mask.cpu(), contexts, new_ids.cpu()) if layers else None
         if carried is None:
-            self.turn_cache.note(f"generate returned a cache it cannot extend ({type(cache).__name__}); re-prefilling")
+            self.turn_cache.note(
+                f"generate returned a cache it cannot extend ({type(cache).__name__}); re-prefilling"
+            )
             return
         mib = carried.nbytes / 2**20
         stats = self.turn_cache.stats
@@ -340,7 +339,9 @@ class TurnSession:
         self.calls = 0
 
 
-def from_setting(setting: bool | None, model: torch.nn.Module, budget_mib: float = DEFAULT_BUDGET_MIB) -> TurnCache | None:
+def from_setting(
+    setting: bool | None, model: torch.nn.Module, budget_mib: float = TURN_CACHE_BUDGET_MIB
+) -> TurnCache | None:
     """The trainer's :class:`TurnCache` for the config's ``use_turn_cache``: ``False`` -> None; ``True`` -> on, or
     :class:`TurnCacheUnsupported`; ``None`` (default) -> on where :func:`check_model` allows it, else None with one
     log line saying why."""
@@ -371,7 +372,6 @@ def summary_line(turn_cache: TurnCache) -> str:
 
 
 __all__ = [
-    "DEFAULT_BUDGET_MIB",
     "SUPPORTED_ATTENTION",
     "Carried",
     "TurnCache",
