@@ -336,7 +336,8 @@ class HFGenerate:
         """One turn with the carried cache: continue from it where rows have one (a later turn), else today's
         path (the first turn, or after a turn over the budget: prefix-shared generation where it shares, else
         plain), and carry the cache ``generate`` finished with into the next turn. With several processes every
-        rank runs the same forwards: the first turn today's path, every later one a single ``generate``."""
+        rank runs the same forwards: the first turn today's path, every later one a single ``generate``. Prefix
+        sharing counts the calls it runs; the turn cache counts every call against today's path."""
         from llm_gym.trainer import prefix_sharing
         from llm_gym.trainer import turn_cache as tc
 
@@ -360,6 +361,7 @@ class HFGenerate:
                 self.model, layout, cfg, self.pad_id, self.device
             )
             prefill = today
+            self.sharing.generation.add(today, plain)  # prefix sharing's own count: the calls it ran
         else:
             new, cache, mask, prefill = tc.generate_continued(
                 self.model, contexts, None, cfg, self.pad_id, self.device
