@@ -75,7 +75,6 @@ def one_round(tr: Any, turn_cache: Any, prompts: list[str]) -> dict[str, Any]:
 
 def bench(model: str, a: argparse.Namespace) -> dict[str, Any]:
     from learning_study import SETTINGS
-    from llm_gym.trainer import turn_cache as tc
 
     setting = SETTINGS["FrozenLake"]
     folder = a.model_dir if a.model_dir else model_folder(model, setting)
@@ -94,7 +93,9 @@ def bench(model: str, a: argparse.Namespace) -> dict[str, Any]:
         n = len(prompts)
         unique = unique_tokens(res["turn"]["out"], a.group)
         for k in runs:
-            runs[k].append({key: v for key, v in res[k].items() if key != "out"} | {"unique": unique, "episodes": n})
+            runs[k].append(
+                {key: v for key, v in res[k].items() if key != "out"} | {"unique": unique, "episodes": n}
+            )
         ratios.append(res["turn"]["prefill"] / unique)
         print(
             f"  {model} round {r}: generation {res['turn']['wall_s']:.1f}s with the turn cache, "
@@ -107,7 +108,13 @@ def bench(model: str, a: argparse.Namespace) -> dict[str, Any]:
     def med(kind: str, key: str) -> float:
         return statistics.median(float(x[key]) for x in runs[kind])
 
-    out: dict[str, Any] = {"model": model, "G": a.group, "P": a.prompts, "repeats": a.repeats, "same_tokens": same}
+    out: dict[str, Any] = {
+        "model": model,
+        "G": a.group,
+        "P": a.prompts,
+        "repeats": a.repeats,
+        "same_tokens": same,
+    }
     for kind in runs:
         for key in ("wall_s", "cpu_s", "mib"):
             out[f"{key}_{kind}"] = med(kind, key)
