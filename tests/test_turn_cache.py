@@ -271,6 +271,43 @@ def test_the_carried_cache_ends_with_the_round(tiny_models):
     assert seen == [False, True, True, False, True, True]
 
 
+@pytest.mark.parametrize("budget", [None, 0])
+def test_lockstep_ranks_run_the_same_forwards_every_turn(tiny_models, budget):
+    """With several processes (sharded weights gather in every forward) each rank must run the same forwards:
+    the first turn today's path (a prefix prefill, then ``generate``), every later turn one ``generate`` whatever
+    its rows carry (budget 0: nothing is carried); the tokens are still today's."""
+    from llm_gym.trainer.chat_templates import ChatTemplateTokens
+    from llm_gym.trainer.rollouts import HFGenerate
+
+    model, tok = load(tiny_models["chatml"])
+    stop = ChatTemplateTokens(tok).stop_ids
+    cfg = model.generation_config
+    cfg.do_sample = True
+    contexts = [[5, 6, 7, 8, 9, 10, 11, 12] * 3] * 4
+    outs = {}
+    for on in (True, False):
+        gen = HFGenerate(model, tok, cfg, stop, "cpu", sharing=ps.PrefixSharing(min_saved=4), lockstep=True,
+                         turn_cache=tc.TurnCache(**({} if budget is None else {"budget_mib": budget})) if on else None)
+        rec = Recorder(model)
+        outside, calls = [], []
+        hook = model.register_forward_hook(lambda m, a, o: outside.append(not rec.inside))
+        try:
+            torch.manual_seed(0)
+            first, _ = gen(contexts, [3] * 4)
+            calls.append(sum(outside))
+            outside.clear()
+            # a later turn: the first row's episode ended; a dummy row (the first prompt) keeps the count
+            later = [c + t + [13, 14] for c, t in zip(contexts[1:], first[1:])] + [contexts[0]]
+            second, _ = gen(later, [3] * 4)
+            calls.append(sum(outside))
+        finally:
+            hook.remove()
+            rec.close()
+        outs[on] = (first, second, calls)
+    assert outs[True][0] == outs[False][0] and outs[True][1] == outs[False][1]
+    assert outs[True][2] == [1, 0]  # one prefix prefill outside generate on the first turn, none later
+
+
 # ------------------------------------------------------------------------------------------ refusals
 def test_what_cannot_be_exact_is_refused_or_turned_off(caplog):
     from transformers import Qwen2Config, Qwen2ForCausalLM

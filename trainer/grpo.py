@@ -175,7 +175,12 @@ class LLMGymGRPOTrainer(GRPOTrainer):
             args.use_prefix_sharing, self.model, lockstep=self.accelerator.num_processes > 1
         )
         #: The KV cache carried across turns in HF generation (:mod:`llm_gym.trainer.turn_cache`), or None when off.
-        self.turn_cache = turn_cache.from_setting(args.use_turn_cache, self.model, args.turn_cache_budget_mib)
+        # (vLLM generation reuses an episode's history through its own prefix caching)
+        self.turn_cache = (
+            None
+            if args.use_vllm
+            else turn_cache.from_setting(args.use_turn_cache, self.model, args.turn_cache_budget_mib)
+        )
         self.add_callback(EnvProgressCallback(self.callback_handler))
         deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))
         for cb in make_signal_callbacks(args, self, deepspeed=deepspeed):
