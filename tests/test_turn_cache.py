@@ -286,11 +286,19 @@ def test_lockstep_ranks_run_the_same_forwards_every_turn(tiny_models, budget):
     contexts = [[5, 6, 7, 8, 9, 10, 11, 12] * 3] * 4
     outs = {}
     for on in (True, False):
-        gen = HFGenerate(model, tok, cfg, stop, "cpu", sharing=ps.PrefixSharing(min_saved=4), lockstep=True,
-                         turn_cache=tc.TurnCache(**({} if budget is None else {"budget_mib": budget})) if on else None)
+        gen = HFGenerate(
+            model,
+            tok,
+            cfg,
+            stop,
+            "cpu",
+            sharing=ps.PrefixSharing(min_saved=4),
+            lockstep=True,
+            turn_cache=tc.TurnCache(**({} if budget is None else {"budget_mib": budget})) if on else None,
+        )
         rec = Recorder(model)
         outside, calls = [], []
-        hook = model.register_forward_hook(lambda m, a, o: outside.append(not rec.inside))
+        hook = model.register_forward_hook(lambda m, a, o, out=outside, r=rec: out.append(not r.inside))
         try:
             torch.manual_seed(0)
             first, _ = gen(contexts, [3] * 4)
