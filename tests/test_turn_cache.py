@@ -426,3 +426,26 @@ def test_smollm2_continues_exactly():
     # SmolLM2's logits are ~10-30 in magnitude: float32 rounding of a different summation order is ~1e-4 there
     assert_same_rollouts(today, cached, tol=2e-3)
     assert cached[2].stats.prefill < cached[2].stats.today
+
+
+@pytest.mark.slow
+def test_benchmark_quick_mode_runs_and_reports_exact_results(tmp_path, capsys):
+    """``benchmarks/turn_cache.py --quick``: tiny model, both paths alternating, results written where asked."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench_dir))
+    spec = importlib.util.spec_from_file_location("bench_turn_cache", bench_dir / "turn_cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "res.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("turn cache: generation ") and "(tiny, G=4), prefill " in last
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["same_tokens"] and r["turns_per_episode"] > 1
+    assert r["prefill_per_episode_turn"] < r["prefill_per_episode_today"]
+    assert r["prefill_over_unique"] < 1.05
