@@ -73,26 +73,37 @@ def test_carried_from_maps_each_token_to_its_cache_column():
     # two rows: contexts [5, 6] (one pad column first) and [7, 8, 9]; three new tokens each, two of them fed
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     new = torch.tensor([[1, 2, 3], [4, 0, 0]])
-    carried = tc.carried_from(fake_layers(2, 5), mask, [[5, 6], [7, 8, 9]], new)
+    carried = tc.carried_from(fake_layers(2, 5), mask, [[5, 6], [7, 8, 9]], new[:, :-1])
     assert carried.tokens == [[5, 6, 1, 2], [7, 8, 9, 4, 0]]
     assert carried.columns == [[1, 2, 3, 4], [0, 1, 2, 3, 4]]
     assert carried.nbytes == 2 * 2 * (2 * 2 * 5 * 3) * 4
     # a cache that does not hold every fed token (here one column short), or a mask that disagrees with the
     # contexts, is not carried
-    assert tc.carried_from(fake_layers(2, 4), mask, [[5, 6], [7, 8, 9]], new) is None
-    assert tc.carried_from(fake_layers(2, 5), mask, [[5, 6, 6], [7, 8, 9]], new) is None
+    assert tc.carried_from(fake_layers(2, 4), mask, [[5, 6], [7, 8, 9]], new[:, :-1]) is None
+    assert tc.carried_from(fake_layers(2, 5), mask, [[5, 6, 6], [7, 8, 9]], new[:, :-1]) is None
 
 
 def test_gather_layers_left_pads_each_rows_cached_columns():
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     layers = fake_layers(2, 5)
-    carried = tc.carried_from(layers, mask, [[5, 6], [7, 8, 9]], torch.tensor([[1, 2, 3], [4, 0, 0]]))
+    carried = tc.carried_from(layers, mask, [[5, 6], [7, 8, 9]], torch.tensor([[1, 2], [4, 0]]))
     # context A continues row 1 for 4 tokens, context B row 0 for 2 tokens, context C has no cache
     out = tc.gather_layers(carried, [(1, 4), (0, 2), (-1, 0)], width=4)
     for layer, (k, v) in enumerate(out):
         assert k.shape == (3, 2, 4, 3) and torch.equal(v, -k)
         assert k[0, 0, :, 0].tolist() == [layer * 10_000 + 100 + c for c in (0, 1, 2, 3)]
         assert k[1, 0, 2:, 0].tolist() == [layer * 10_000 + c for c in (1, 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), max_size=20), bound=st.sampled_from([0.0, 0.05, 0.5]))
+def test_prefill_buckets_bound_the_padding(lengths, bound):
+    buckets = tc.prefill_buckets(lengths, bound)
+    rows = sorted(i for b in buckets for i in b)
+    assert rows == [i for i, n in enumerate(lengths) if n > 0]  # every row with tokens, once
+    real = sum(lengths)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in buckets)
+    assert padded <= (1 + bound) * real or all(len({lengths[i] for i in b}) == 1 for b in buckets)
 
 
 def test_config_obstacles_name_what_reads_the_padded_ids():
@@ -218,6 +229,42 @@ def test_turn_cache_samples_the_same_tokens_with_the_same_logits(tiny_models, st
     # the first turn is today's path; each later turn prefills only what the episodes added
     first_turn = len(today[0][0].prompt_ids) * 8
     assert stats.plain - stats.prefill > first_turn
+
+
+def test_bucketed_prefill_continues_exactly(tiny_models):
+    """Rows whose new tokens differ in length are fed in buckets before ``generate`` (bounded padding): the same
+    tokens and logits as one padded prefill and as the plain path from scratch."""
+    model, _ = load(tiny_models["chatml"])
+    cfg = model.generation_config
+    cfg.do_sample, cfg.max_new_tokens, cfg.eos_token_id = True, 5, [1]
+    g = torch.Generator().manual_seed(0)
+    first = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (30, 30, 41, 12)]
+    torch.manual_seed(0)
+    new, cache, mask, _ = tc.generate_continued(model, first, None, cfg, 0, "cpu")
+    carried = tc.carried_from(tc.cache_layers(cache), mask, first, new[:, :-1])
+    extra = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (1, 9, 27, 3)]
+    later = [c + t + e for c, t, e in zip(first, new.tolist(), extra)]
+    out = {}
+    for name, source, bound in (
+        ("buckets", carried, 0.0),
+        ("padded", carried, float("inf")),
+        ("plain", None, 0.0),
+    ):
+        rec = Recorder(model)
+        try:
+            torch.manual_seed(1)
+            tokens, _, _, prefill = tc.generate_continued(
+                model, later, source, cfg, 0, "cpu", max_padding=bound
+            )
+        finally:
+            rec.close()
+        out[name] = (tokens, rec.logits, prefill)
+    assert out["buckets"][2] < out["padded"][2] < out["plain"][2]
+    for name in ("padded", "plain"):
+        assert torch.equal(out["buckets"][0], out[name][0])
+        assert len(out["buckets"][1]) == len(out[name][1])
+        for x, y in zip(out["buckets"][1], out[name][1]):
+            assert float((x - y).abs().max()) < TOL
 
 
 def test_eager_attention_continues_exactly_too(tiny_models):

@@ -353,8 +353,15 @@ class HFGenerate:
         shares = layout is not None and (layout.shares or self.lockstep)
         today = layout.tokens()[0] if layout is not None and shares else plain
         if session.carried is not None or (self.lockstep and not first):
+            # several processes: no extra bucketed prefill forwards (their count would differ between ranks)
             new, cache, mask, prefill = tc.generate_continued(
-                self.model, contexts, session.carried, cfg, self.pad_id, self.device
+                self.model,
+                contexts,
+                session.carried,
+                cfg,
+                self.pad_id,
+                self.device,
+                max_padding=math.inf if self.lockstep else tc.MAX_PADDING,
             )
         elif layout is not None and shares:
             new, cache, mask = prefix_sharing.generate_shared_with_cache(

@@ -120,26 +120,25 @@ def carried_from(
     layers: list[tuple[torch.Tensor, torch.Tensor]],
     attention_mask: torch.Tensor,
     contexts: Sequence[Sequence[int]],
-    new_ids: torch.Tensor,
+    fed_ids: torch.Tensor,
 ) -> Carried | None:
-    """What a ``generate`` call that read ``attention_mask`` (rows, width: 1 on each row's context tokens, in
-    order) and returned ``new_ids`` (rows, N) leaves in its cache: each row's context at its masked columns, then
-    its first N - 1 new tokens (the last one was sampled, never fed). None when the cache does not have that shape
-    (a cache class or a ``generate`` that does not keep every fed token)."""
+    """What a call that read ``attention_mask`` (rows, width: 1 on each row's context tokens, in order) and then fed
+    ``fed_ids`` (rows, F: the sampled tokens ``generate`` fed back, all but the last it sampled) leaves in its
+    cache: each row's context at its masked columns, then its fed tokens. None when the cache does not have that
+    shape (a cache class or a ``generate`` that does not keep every fed token)."""
     rows, width = attention_mask.shape
-    n_new = int(new_ids.shape[1])
-    expected = width + n_new - 1
+    expected = width + int(fed_ids.shape[1])
     for k, v in layers:
         if k.dim() != 4 or k.shape[0] != rows or k.shape[2] != expected or v.shape[:3] != k.shape[:3]:
             return None
     mask = attention_mask.bool().tolist()
-    new = new_ids[:, : max(n_new - 1, 0)].tolist()
+    fed = fed_ids.tolist()
     tokens, columns = [], []
     for r in range(rows):
         cols = [j for j, m in enumerate(mask[r]) if m]
         if len(cols) != len(contexts[r]):
             return None
-        tokens.append(list(contexts[r]) + new[r])
+        tokens.append(list(contexts[r]) + fed[r])
         columns.append(cols + list(range(width, expected)))
     return Carried(layers, tokens, columns)
 
@@ -150,18 +149,66 @@ def gather_layers(
     """A left-padded (rows, kv heads, ``width``, head dim) cache per layer: row ``j`` holds the first ``usable``
     cached tokens of carried row ``matches[j] = (row, usable)`` in its last ``usable`` columns (padding columns
     hold copies of some cached entry; the attention mask hides them)."""
-    index_rows = torch.zeros(len(matches), dtype=torch.long)
-    index_cols = torch.zeros((len(matches), width), dtype=torch.long)
-    for j, (row, usable) in enumerate(matches):
-        if row >= 0 and usable > 0:
-            index_rows[j] = row
-            index_cols[j, width - usable :] = torch.tensor(carried.columns[row][:usable], dtype=torch.long)
-    out = []
-    for k, v in carried.layers:
-        r, c = index_rows.to(k.device)[:, None], index_cols.to(k.device)
-        # k[r, :, c] is (rows, width, heads, dim): advanced indices first, then the sliced heads and dim
-        out.append((k[r, :, c].transpose(1, 2).contiguous(), v[r, :, c].transpose(1, 2).contiguous()))
+    return gather_from([carried], [(0, row, usable) for row, usable in matches], width)
+
+
+def gather_from(
+    sources: Sequence[Carried], picks: Sequence[tuple[int, int, int]], width: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`gather_layers` over several carried caches: row ``j`` holds the first ``usable`` cached tokens of row
+    ``row`` of ``sources[source]``, for ``picks[j] = (source, row, usable)``."""
+    first = sources[0].layers
+    out = [
+        (
+            k.new_zeros((len(picks), k.shape[1], width, k.shape[3])),
+            v.new_zeros((len(picks), v.shape[1], width, v.shape[3])),
+        )
+        for k, v in first
+    ]
+    for s, src in enumerate(sources):
+        dest = [j for j, (source, row, usable) in enumerate(picks) if source == s and row >= 0 and usable > 0]
+        if not dest:
+            continue
+        index_rows = torch.tensor([picks[j][1] for j in dest], dtype=torch.long)
+        index_cols = torch.zeros((len(dest), width), dtype=torch.long)
+        for i, j in enumerate(dest):
+            _, row, usable = picks[j]
+            index_cols[i, width - usable :] = torch.tensor(src.columns[row][:usable], dtype=torch.long)
+        at = torch.tensor(dest, dtype=torch.long)
+        for (k_out, v_out), (k, v) in zip(out, src.layers):
+            r, c = index_rows.to(k.device)[:, None], index_cols.to(k.device)
+            # k[r, :, c] is (rows, width, heads, dim): advanced indices first, then the sliced heads and dim
+            k_out[at.to(k.device)] = k[r, :, c].transpose(1, 2)
+            v_out[at.to(v.device)] = v[r, :, c].transpose(1, 2)
     return out
+
+
+def prefill_buckets(lengths: Sequence[int], max_padding: float) -> list[list[int]]:
+    """Rows (indices into ``lengths``, those with tokens to prefill) grouped into forwards so that left padding
+    adds at most ``max_padding`` of the real tokens: sorted by length, the groups are split where a split saves the
+    most padding until the bound holds (or every group has one length)."""
+    rows = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+    if not rows:
+        return []
+    real = sum(lengths[i] for i in rows)
+
+    def cost(group: list[int]) -> int:  # rows x the longest (sorted: the last)
+        return len(group) * lengths[group[-1]]
+
+    buckets = [rows]
+    while sum(cost(b) for b in buckets) > (1 + max_padding) * real:
+        best: tuple[int, int, int] | None = None
+        for bi, b in enumerate(buckets):
+            for k in range(1, len(b)):
+                if lengths[b[k - 1]] != lengths[b[k]]:
+                    saved = cost(b) - cost(b[:k]) - cost(b[k:])
+                    if best is None or saved > best[0]:
+                        best = (saved, bi, k)
+        if best is None:
+            break
+        _, bi, k = best
+        buckets[bi : bi + 1] = [buckets[bi][:k], buckets[bi][k:]]
+    return buckets
 
 
 def continued_inputs(
@@ -236,6 +283,55 @@ def new_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> 
     return DynamicCache(layers) if layers else DynamicCache()
 
 
+def prefill_rows(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    carried: Carried | None,
+    matches: Sequence[tuple[int, int]],
+    pad_id: int,
+    device: Any,
+    max_padding: float,
+) -> tuple[list[Carried], list[tuple[int, int, int]], int]:
+    """Feed each row's uncached tokens but its last into its cache, one forward per bucket of rows of similar length
+    (:func:`prefill_buckets`), so that padding stays within ``max_padding``. Position ids are counted over the
+    attention mask's real tokens, as ``generate`` counts them. Returns the caches (``carried`` first, then one per
+    bucket), each context's ``(source, row, usable)`` in them (every token but the last cached), and the tokens
+    the forwards processed."""
+    sources: list[Carried] = [carried] if carried is not None else []
+    picks = [(0, row, usable) if carried is not None else (0, -1, 0) for row, usable in matches]
+    counts = [len(c) - u - 1 for c, (_, u) in zip(contexts, matches)]
+    processed = 0
+    for bucket in prefill_buckets(counts, max_padding):
+        sub = [list(contexts[j])[: matches[j][1] + counts[j]] for j in bucket]
+        sub_matches = [matches[j] for j in bucket]
+        ids, mask, W, S = continued_inputs(sub, sub_matches, pad_id)
+        cache = new_cache(gather_layers(carried, sub_matches, W) if carried is not None and W > 0 else None)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            model(
+                input_ids=ids[:, W:].to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions[:, W:].to(device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{prefix_sharing.cache_kwarg(): cache},
+            )
+        layers = cache_layers(cache)
+        part = carried_from(layers, mask, sub, ids[:, :0]) if layers else None
+        if part is None:
+            raise TurnCacheUnsupported(f"the model's cache ({type(cache).__name__}) cannot be extended")
+        processed += len(bucket) * S
+        sources.append(part)
+        for i, j in enumerate(bucket):
+            picks[j] = (len(sources) - 1, i, len(contexts[j]) - 1)
+    return sources, picks, processed
+
+
+#: Left padding a later turn's prefill may add, as a fraction of its real tokens, before its rows are prefilled
+#: in forwards over buckets of similar length (one extra forward each) instead of inside ``generate``.
+MAX_PADDING = 0.05
+
+
 def generate_continued(
     model: Any,
     contexts: Sequence[Sequence[int]],
@@ -243,13 +339,26 @@ def generate_continued(
     generation_config: Any,
     pad_id: int,
     device: Any,
+    max_padding: float = MAX_PADDING,
 ) -> tuple[torch.Tensor, Any, torch.Tensor, int]:
     """``model.generate`` on ``contexts``, continuing each from the carried row that shares most of its tokens
-    (:func:`match_rows`; none: prefilled from its first token, the plain path). Returns (new tokens (rows, N), the
-    cache ``generate`` finished with, the attention mask of its input, prefill tokens: rows x new width)."""
+    (:func:`match_rows`; none: prefilled from its first token, the plain path). When ``generate``'s left-padded
+    prefill of the new tokens would add more than ``max_padding`` of padding, they are first fed in buckets of
+    similar length (:func:`prefill_rows`) and ``generate`` prefills one token a row. Returns (new tokens (rows,
+    N), the cache ``generate`` finished with, the attention mask of its input, prefill tokens processed)."""
     matches = match_rows(carried.tokens, contexts) if carried is not None else [(-1, 0)] * len(contexts)
-    ids, mask, W, S = continued_inputs(contexts, matches, pad_id)
-    cache = new_cache(gather_layers(carried, matches, W) if carried is not None and W > 0 else None)
+    new = [len(c) - u for c, (_, u) in zip(contexts, matches)]
+    prefilled = 0
+    if len(contexts) * max(new) > (1 + max_padding) * sum(new) and max(new) > 1:
+        sources, picks, prefilled = prefill_rows(
+            model, contexts, carried, matches, pad_id, device, max_padding
+        )
+        matches = [(j, len(c) - 1) for j, c in enumerate(contexts)]
+        ids, mask, W, S = continued_inputs(contexts, matches, pad_id)
+        cache = new_cache(gather_from(sources, picks, W))
+    else:
+        ids, mask, W, S = continued_inputs(contexts, matches, pad_id)
+        cache = new_cache(gather_layers(carried, matches, W) if carried is not None and W > 0 else None)
     with torch.no_grad():
         gen = model.generate(
             input_ids=ids.to(device),
@@ -257,7 +366,7 @@ def generate_continued(
             generation_config=generation_config,
             **{prefix_sharing.cache_kwarg(): cache},
         )
-    return gen[:, W + S :], cache, mask, len(contexts) * S
+    return gen[:, W + S :], cache, mask, prefilled + len(contexts) * S
 
 
 # ------------------------------------------------------------------------------------------ the run's state
@@ -315,7 +424,8 @@ class TurnSession:
         shape and within the budget (else the next turn re-prefills; logged)."""
         self.carried = None
         layers = cache_layers(cache)
-        carried = carried_from(layers, attention_mask.cpu(), contexts, new_ids.cpu()) if layers else None
+        fed = new_ids[:, :-1].cpu()  # the last sampled token was never fed
+        carried = carried_from(layers, attention_mask.cpu(), contexts, fed) if layers else None
         if carried is None:
             self.turn_cache.note(
                 f"generate returned a cache it cannot extend ({type(cache).__name__}); re-prefilling"
@@ -385,7 +495,11 @@ __all__ = [
     "config_obstacle",
     "continued_inputs",
     "from_setting",
+    "MAX_PADDING",
+    "gather_from",
     "gather_layers",
+    "prefill_buckets",
+    "prefill_rows",
     "generate_continued",
     "match_rows",
     "new_cache",
