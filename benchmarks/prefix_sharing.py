@@ -67,7 +67,15 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def make_trainer(model_dir: str, setting: Any, group: int, prompts: int, micro: int, quick: bool) -> Any:
+def make_trainer(
+    model_dir: str,
+    setting: Any,
+    group: int,
+    prompts: int,
+    micro: int,
+    quick: bool,
+    max_completion_length: int = 320,
+) -> Any:
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
     from llm_gym.trainer.models import load_model_and_tokenizer
@@ -87,7 +95,7 @@ def make_trainer(model_dir: str, setting: Any, group: int, prompts: int, micro: 
             think=False,
             one_shot_example=True,
             temperature=0.7,
-            max_completion_length=320,
+            max_completion_length=max_completion_length,
             num_prompts=prompts,
             num_generations=group,
             per_device_train_batch_size=micro,
