@@ -5,6 +5,7 @@ test), the memory budget's fallback, the refusals, and the trainer wired to it (
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -253,8 +254,9 @@ def test_bucketed_prefill_continues_exactly(tiny_models):
         rec = Recorder(model)
         try:
             torch.manual_seed(1)
+            # generate_continued uses its carried cache up (frees each layer once gathered): a copy per path
             tokens, _, _, prefill = tc.generate_continued(
-                model, later, source, cfg, 0, "cpu", max_padding=bound
+                model, later, copy.deepcopy(source), cfg, 0, "cpu", max_padding=bound
             )
         finally:
             rec.close()

@@ -15,7 +15,10 @@ How a turn runs (:func:`generate_continued`):
 - the matched rows' cache columns are gathered into a fresh left-padded cache (:func:`gather_layers`), and
   ``generate`` gets ``[cached tokens | new tokens]`` (each part left-padded) with the attention mask over both, so
   that it prefills only the new part. Position ids are counted over the mask's real tokens, as ``generate``
-  counts them for a plain left-padded batch: every token keeps the position it has in the plain batch;
+  counts them for a plain left-padded batch: every token keeps the position it has in the plain batch. When the
+  rows' new parts differ so much in length that left padding would add more than :data:`MAX_PADDING` of their
+  tokens (an observation with a warning line beside one without), they are first fed in forwards over buckets of
+  similar length (:func:`prefill_rows`), and ``generate`` prefills one token a row;
 - the cache ``generate`` finished with becomes the next turn's carried state (:func:`carried_from`), unless it is
   over the memory budget: then the next turn re-prefills (today's path), and the choice is logged.
 
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +118,11 @@ class Carried:
     def nbytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
+    def drop_layer(self, layer: int) -> None:
+        """Free one layer's tensors (the state is then used up: only :attr:`tokens` and :attr:`columns` stay)."""
+        k, v = self.layers[layer]
+        self.layers[layer] = (k.new_zeros((0,)), v.new_zeros((0,)))
+
 
 def carried_from(
     layers: list[tuple[torch.Tensor, torch.Tensor]],
@@ -157,14 +165,15 @@ def gather_from(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """:func:`gather_layers` over several carried caches: row ``j`` holds the first ``usable`` cached tokens of row
     ``row`` of ``sources[source]``, for ``picks[j] = (source, row, usable)``."""
-    first = sources[0].layers
-    out = [
-        (
-            k.new_zeros((len(picks), k.shape[1], width, k.shape[3])),
-            v.new_zeros((len(picks), v.shape[1], width, v.shape[3])),
-        )
-        for k, v in first
-    ]
+    return list(iter_gathered(sources, picks, width))
+
+
+def iter_gathered(
+    sources: Sequence[Carried], picks: Sequence[tuple[int, int, int]], width: int, *, consume: bool = False
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`gather_from`, one layer at a time; ``consume``: each source layer is dropped once gathered, so that
+    old and new caches never both stay whole in memory (:meth:`Carried.drop_layer`)."""
+    plans = []
     for s, src in enumerate(sources):
         dest = [j for j, (source, row, usable) in enumerate(picks) if source == s and row >= 0 and usable > 0]
         if not dest:
@@ -174,13 +183,20 @@ def gather_from(
         for i, j in enumerate(dest):
             _, row, usable = picks[j]
             index_cols[i, width - usable :] = torch.tensor(src.columns[row][:usable], dtype=torch.long)
-        at = torch.tensor(dest, dtype=torch.long)
-        for (k_out, v_out), (k, v) in zip(out, src.layers):
-            r, c = index_rows.to(k.device)[:, None], index_cols.to(k.device)
+        plans.append((src, torch.tensor(dest, dtype=torch.long), index_rows[:, None], index_cols))
+    for layer, (k0, v0) in enumerate(sources[0].layers):
+        k_out = k0.new_zeros((len(picks), k0.shape[1], width, k0.shape[3]))
+        v_out = v0.new_zeros((len(picks), v0.shape[1], width, v0.shape[3]))
+        for src, at, r, c in plans:
+            k, v = src.layers[layer]
+            dev = k.device
             # k[r, :, c] is (rows, width, heads, dim): advanced indices first, then the sliced heads and dim
-            k_out[at.to(k.device)] = k[r, :, c].transpose(1, 2)
-            v_out[at.to(v.device)] = v[r, :, c].transpose(1, 2)
-    return out
+            k_out[at.to(dev)] = k[r.to(dev), :, c.to(dev)].transpose(1, 2)
+            v_out[at.to(dev)] = v[r.to(dev), :, c.to(dev)].transpose(1, 2)
+        if consume:
+            for src in sources:
+                src.drop_layer(layer)
+        yield k_out, v_out
 
 
 def prefill_buckets(lengths: Sequence[int], max_padding: float) -> list[list[int]]:
@@ -276,11 +292,15 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     return out
 
 
-def new_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
-    """A transformers ``DynamicCache`` holding ``layers`` (or empty)."""
+def new_cache(layers: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+    """A transformers ``DynamicCache`` holding ``layers`` (or empty), filled one layer at a time through its public
+    ``update`` (which copies each; a generator's previous layer is freed meanwhile)."""
     from transformers.cache_utils import DynamicCache
 
-    return DynamicCache(layers) if layers else DynamicCache()
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(layers or ()):
+        cache.update(k, v, i)
+    return cache
 
 
 def prefill_rows(
@@ -355,10 +375,12 @@ def generate_continued(
         )
         matches = [(j, len(c) - 1) for j, c in enumerate(contexts)]
         ids, mask, W, S = continued_inputs(contexts, matches, pad_id)
-        cache = new_cache(gather_from(sources, picks, W))
+        cache = new_cache(iter_gathered(sources, picks, W, consume=True))
     else:
         ids, mask, W, S = continued_inputs(contexts, matches, pad_id)
-        cache = new_cache(gather_layers(carried, matches, W) if carried is not None and W > 0 else None)
+        picks = [(0, row, usable) for row, usable in matches]
+        gathered = iter_gathered([carried], picks, W, consume=True) if carried is not None and W > 0 else None
+        cache = new_cache(gathered)
     with torch.no_grad():
         gen = model.generate(
             input_ids=ids.to(device),
@@ -497,6 +519,7 @@ __all__ = [
     "from_setting",
     "MAX_PADDING",
     "gather_from",
+    "iter_gathered",
     "gather_layers",
     "prefill_buckets",
     "prefill_rows",
