@@ -281,6 +281,9 @@ def bench(model_dir: str, env: str, group: int, a: argparse.Namespace) -> dict[s
     setting = SETTINGS[env]
     micro = a.micro_batch or a.prompts * group
     tr = make_trainer(model_dir, setting, group, a.prompts, micro, a.quick)
+    tr.turn_cache = (
+        None  # prefix sharing alone against the plain pass (benchmarks/turn_cache.py: the turn cache)
+    )
     sharing = tr.prefix_sharing
     runs: dict[str, list[dict]] = {"shared": [], "plain": []}
     same_tokens = True
