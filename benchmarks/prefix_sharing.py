@@ -67,7 +67,15 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def make_trainer(model_dir: str, setting: Any, group: int, prompts: int, micro: int, quick: bool) -> Any:
+def make_trainer(
+    model_dir: str,
+    setting: Any,
+    group: int,
+    prompts: int,
+    micro: int,
+    quick: bool,
+    max_completion_length: int = 320,
+) -> Any:
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
     from llm_gym.trainer.models import load_model_and_tokenizer
@@ -87,7 +95,7 @@ def make_trainer(model_dir: str, setting: Any, group: int, prompts: int, micro: 
             think=False,
             one_shot_example=True,
             temperature=0.7,
-            max_completion_length=320,
+            max_completion_length=max_completion_length,
             num_prompts=prompts,
             num_generations=group,
             per_device_train_batch_size=micro,
@@ -273,6 +281,9 @@ def bench(model_dir: str, env: str, group: int, a: argparse.Namespace) -> dict[s
     setting = SETTINGS[env]
     micro = a.micro_batch or a.prompts * group
     tr = make_trainer(model_dir, setting, group, a.prompts, micro, a.quick)
+    tr.turn_cache = (
+        None  # prefix sharing alone against the plain pass (benchmarks/turn_cache.py: the turn cache)
+    )
     sharing = tr.prefix_sharing
     runs: dict[str, list[dict]] = {"shared": [], "plain": []}
     same_tokens = True

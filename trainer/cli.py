@@ -299,7 +299,8 @@ def run(config: Any, meta: dict[str, Any]) -> int:
     save_final(trainer, config)  # written beside and renamed: final/ is whole or absent
     if is_main:
         sharing = getattr(trainer, "prefix_sharing", None)
-        _report(config, trainer.state.log_history, before, after, time.time() - t0, sharing)
+        turns = getattr(trainer, "turn_cache", None)
+        _report(config, trainer.state.log_history, before, after, time.time() - t0, sharing, turns)
     # Tear the process group down before exit: left to interpreter shutdown, gloo's threads sometimes abort the
     # process ("terminate called without an active exception") after a run that finished and saved.
     trainer.accelerator.end_training()
@@ -313,9 +314,11 @@ def _report(
     after: dict[str, Any],
     seconds: float,
     prefix_sharing: Any = None,
+    turn_cache: Any = None,
 ) -> None:
     """The closing lines: evaluation after training, both evaluations beside the baselines on the same seeds
-    (also written to ``eval_report.json``), the summary line, what prefix sharing saved, and the collapse plot."""
+    (also written to ``eval_report.json``), the summary line, what prefix sharing and the turn cache saved, and
+    the collapse plot."""
     last: dict[str, Any] = next((r for r in reversed(log_history) if "reward" in r), {})
     summary = [f"llmgym-train: done in {seconds:.0f}s"]
     report: dict[str, Any] | None = None
@@ -340,6 +343,10 @@ def _report(
         from llm_gym.trainer.prefix_sharing import summary_line
 
         print(f"llmgym-train: {summary_line(prefix_sharing)}")
+    if turn_cache is not None:
+        from llm_gym.trainer import turn_cache as tc
+
+        print(f"llmgym-train: {tc.summary_line(turn_cache)}")
     if config.collapse_report:
         _collapse_png(config)
     if config.learning_curve:

@@ -55,6 +55,7 @@ from llm_gym.trainer.defaults import (
     MI_SCORERS,
     SFT_LEARNING_RATE,
     TRAIN_SEED,
+    TURN_CACHE_BUDGET_MIB,
     WARM_START_SEED,
 )
 from llm_gym.trainer.lora import LoRAFieldTypes, lora_arguments
@@ -122,6 +123,23 @@ class RolloutArguments:
             "the loss pass (exact: the same log-probs and gradients as the unshared pass). None: on wherever it is "
             "exact (sdpa attention, Llama/Qwen2/Qwen3/Mistral/SmolLM3), otherwise off with a note; True: on, or an "
             "error naming what prevents it; False: off."
+        },
+    )
+    use_turn_cache: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Keep each episode's KV cache from one turn to the next in HF generation, so that a later turn "
+            "prefills only the tokens its episode added (exact: the same logits and sampled tokens as re-prefilling "
+            "the history). None: on wherever it is exact (sdpa or eager attention, Llama/Qwen2/Qwen3/Mistral/SmolLM3 "
+            "without sliding windows), otherwise off with a note; True: on, or an error naming what prevents it; "
+            "False: off (every turn prefills the whole history again)."
+        },
+    )
+    turn_cache_budget_mib: float = field(
+        default=TURN_CACHE_BUDGET_MIB,
+        metadata={
+            "help": "Most memory (MiB) the KV cache carried between turns of one rollout round may hold; a turn "
+            "whose cache is larger is not carried, and the next turn prefills its history again (logged)."
         },
     )
 
@@ -777,6 +795,8 @@ class LLMGymGRPOConfig(
         self.validate_model_args()
         if not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if _finite("turn_cache_budget_mib", self.turn_cache_budget_mib) < 0:
+            raise ValueError(f"turn_cache_budget_mib must be >= 0, got {self.turn_cache_budget_mib}")
         self.validate_eval_seeds()
         if _finite("eval_temperature", self.eval_temperature) < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")

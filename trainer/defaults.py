@@ -33,6 +33,8 @@ EVAL_REPORT_FILE = "eval_report.json"
 WARM_START_SEED = 50_000
 #: Learning rate of supervised warm starts (pilots in docs/learning-study.md).
 SFT_LEARNING_RATE = 1e-4
+#: Most memory (MiB) the KV cache carried between turns of one rollout round may hold (``turn_cache_budget_mib``).
+TURN_CACHE_BUDGET_MIB = 4096.0
 
 
 def cache_dir() -> Path:

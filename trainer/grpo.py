@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
-from llm_gym.trainer import compat, prefix_sharing
+from llm_gym.trainer import compat, prefix_sharing, turn_cache
 from llm_gym.trainer.batch import (
     constant_group_rows,
     episode_rewards,
@@ -173,6 +173,13 @@ class LLMGymGRPOTrainer(GRPOTrainer):
         #: Shared-prefix forwards (:mod:`llm_gym.trainer.prefix_sharing`), or None when off.
         self.prefix_sharing = prefix_sharing.from_setting(
             args.use_prefix_sharing, self.model, lockstep=self.accelerator.num_processes > 1
+        )
+        #: The KV cache carried across turns in HF generation (:mod:`llm_gym.trainer.turn_cache`), or None when off.
+        # (vLLM generation reuses an episode's history through its own prefix caching)
+        self.turn_cache = (
+            None
+            if args.use_vllm
+            else turn_cache.from_setting(args.use_turn_cache, self.model, args.turn_cache_budget_mib)
         )
         self.add_callback(EnvProgressCallback(self.callback_handler))
         deepspeed = bool(getattr(self, "is_deepspeed_enabled", False))

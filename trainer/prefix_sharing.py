@@ -387,23 +387,30 @@ def _configs(model: torch.nn.Module) -> list[Any]:
     return out
 
 
-def check_model(model: torch.nn.Module) -> None:
+def check_model(
+    model: torch.nn.Module,
+    *,
+    feature: str = "prefix sharing",
+    attention: Sequence[str] = SUPPORTED_ATTENTION,
+    hint: str = "; pass --use_prefix_sharing false to train without it",
+) -> None:
     """Raise :class:`PrefixSharingUnsupported` (one line, with the way out) when ``model``'s attention cannot run
     the packed pass exactly: an attention implementation other than ``sdpa``, a model family not in
-    :data:`SUPPORTED_MODEL_TYPES`, sliding-window layers or attention dropout."""
-    hint = "; pass --use_prefix_sharing false to train without it"
+    :data:`SUPPORTED_MODEL_TYPES`, sliding-window layers or attention dropout. ``feature``, ``attention`` and
+    ``hint``: the same checks for another exact mechanism (the turn cache, :mod:`llm_gym.trainer.turn_cache`)."""
     for cfg in _configs(model):
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         mtype = getattr(text, "model_type", None)
         if mtype not in SUPPORTED_MODEL_TYPES:
             raise PrefixSharingUnsupported(
-                f"prefix sharing supports model types {', '.join(SUPPORTED_MODEL_TYPES)}, not {mtype!r}{hint}"
+                f"{feature} supports model types {', '.join(SUPPORTED_MODEL_TYPES)}, not {mtype!r}{hint}"
             )
         impl = getattr(text, "_attn_implementation", None)
-        if impl not in SUPPORTED_ATTENTION:
+        if impl not in attention:
+            need = " or ".join(f"{a!r}" for a in attention)
             raise PrefixSharingUnsupported(
-                f"prefix sharing needs attn_implementation='sdpa' (the packed prefix tree is an attention mask "
-                f"that {impl!r} cannot apply exactly){hint}"
+                f"{feature} needs attn_implementation={need} (not exact with {impl!r}: it cannot apply the "
+                f"attention mask this layout needs){hint}"
             )
         layer_types = getattr(text, "layer_types", None) or []
         # Mistral passes config.sliding_window to every layer (4096 by default); Qwen2/Qwen3 set it only when used
@@ -412,9 +419,9 @@ def check_model(model: torch.nn.Module) -> None:
             or getattr(text, "sliding_window", None) is not None
             or "sliding_attention" in layer_types
         ):
-            raise PrefixSharingUnsupported(f"prefix sharing does not support sliding-window attention{hint}")
+            raise PrefixSharingUnsupported(f"{feature} does not support sliding-window attention{hint}")
         if float(getattr(text, "attention_dropout", 0.0) or 0.0) > 0.0:
-            raise PrefixSharingUnsupported(f"prefix sharing cannot reproduce attention dropout{hint}")
+            raise PrefixSharingUnsupported(f"{feature} cannot reproduce attention dropout{hint}")
 
 
 def enable(model: torch.nn.Module) -> None:
@@ -635,7 +642,9 @@ __all__ = [
     "chunk_rows",
     "enable",
     "from_setting",
+    "cache_kwarg",
     "generate_shared",
+    "generate_shared_with_cache",
     "group_order",
     "packed_attention",
     "per_token_logps",
@@ -740,7 +749,7 @@ def share_prompts(
     return PromptSharing(prefixes, row_prefix, suffixes)
 
 
-def _cache_kwarg() -> str:
+def cache_kwarg() -> str:
     """transformers renamed ``past_key_values`` to ``cache`` (argument and output field) during 5.x."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -754,7 +763,16 @@ def generate_shared(
     (left-padded, position ids counted over real tokens as ``generate`` counts them), the cache is expanded to the
     rows, and ``generate`` runs the rows' suffixes (left-padded after the prefix) and samples. Returns the new
     tokens (rows, new). The sampled distribution is the unshared one: same positions, same attended tokens."""
-    name = _cache_kwarg()
+    return generate_shared_with_cache(model, sharing, generation_config, pad_id, device)[0]
+
+
+def generate_shared_with_cache(
+    model: Any, sharing: PromptSharing, generation_config: Any, pad_id: int, device: Any
+) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """:func:`generate_shared`, also returning the KV cache ``generate`` finished with and the (rows, width)
+    attention mask of its input (the columns of each row's context in that cache), so that the next turn can
+    continue from it (:mod:`llm_gym.trainer.turn_cache`)."""
+    name = cache_kwarg()
     wp = max(len(p) for p in sharing.prefixes)
     ws = max(len(s) for s in sharing.suffixes)
     pid = torch.full((len(sharing.prefixes), wp), pad_id, dtype=torch.long)
@@ -784,7 +802,7 @@ def generate_shared(
         gen = model.generate(
             input_ids=ids, attention_mask=attn, generation_config=generation_config, **{name: cache}
         )
-    return gen[:, wp + ws :]
+    return gen[:, wp + ws :], cache, attn
 
 
 def vllm_prefix_caching(vllm_generation: Any) -> bool | None:

@@ -200,6 +200,9 @@ def play_token_episodes(
     finally:
         for e in episodes:
             e.env.close()
+        release = getattr(generate, "release", None)
+        if callable(release):  # a carried KV cache must not outlive this round's weights
+            release()
     return episodes
 
 
@@ -250,7 +253,12 @@ def _finish_turn(
 # ------------------------------------------------------------------------------------------ generation backends
 class HFGenerate:
     """Batched ``model.generate`` with left padding; returns new ids and zero log-probs (TRL needs sampler
-    log-probs only for vLLM importance sampling)."""
+    log-probs only for vLLM importance sampling).
+
+    ``sharing``: prefill each turn's shared prefixes once (:mod:`~llm_gym.trainer.prefix_sharing`). ``turn_cache``:
+    carry each episode's KV cache from one turn to the next, so a later turn prefills only its new tokens
+    (:mod:`~llm_gym.trainer.turn_cache`); the carried cache lives until :meth:`release`, which
+    :func:`play_token_episodes` calls at the end of its round (it must not outlive a weight update)."""
 
     def __init__(
         self,
@@ -261,6 +269,7 @@ class HFGenerate:
         device: Any,
         sharing: Any = None,
         lockstep: bool = False,
+        turn_cache: Any = None,
     ):
         self.model = model
         #: A :class:`~llm_gym.trainer.prefix_sharing.PrefixSharing` (prefill shared prefixes once), or None.
@@ -271,6 +280,22 @@ class HFGenerate:
         self.generation_config.eos_token_id = list(stop_ids)
         self.generation_config.pad_token_id = self.pad_id
         self.device = device
+        #: A :class:`~llm_gym.trainer.turn_cache.TurnCache` (settings and counts), or None.
+        self.turn_cache = turn_cache
+        self._session: Any = None
+        if turn_cache is not None:
+            from llm_gym.trainer import turn_cache as tc
+
+            obstacle = tc.config_obstacle(self.generation_config)
+            if obstacle is None:
+                self._session = tc.TurnSession(turn_cache)
+            else:
+                turn_cache.note(f"off for this generation config: {obstacle}")
+
+    def release(self) -> None:
+        """Drop the carried KV cache (the end of a rollout round)."""
+        if self._session is not None:
+            self._session.release()
 
     def __call__(
         self, contexts: list[list[int]], budgets: list[int]
@@ -279,6 +304,9 @@ class HFGenerate:
 
         cfg = copy.copy(self.generation_config)
         cfg.max_new_tokens = max(1, max(budgets))
+        if self._session is not None:
+            new = self._turn_cached(contexts, cfg).tolist()
+            return new, [[0.0] * len(row) for row in new]
         if self.sharing is not None:
             from llm_gym.trainer import prefix_sharing
 
@@ -303,6 +331,51 @@ class HFGenerate:
             )
         new = out[:, width:].tolist()
         return new, [[0.0] * len(row) for row in new]
+
+    def _turn_cached(self, contexts: list[list[int]], cfg: Any) -> Any:
+        """One turn with the carried cache: continue from it where rows have one (a later turn), else today's
+        path (the first turn, or after a turn over the budget: prefix-shared generation where it shares, else
+        plain), and carry the cache ``generate`` finished with into the next turn. With several processes every
+        rank runs the same forwards: the first turn today's path, every later one a single ``generate``. Prefix
+        sharing counts the calls it runs; the turn cache counts every call against today's path."""
+        from llm_gym.trainer import prefix_sharing
+        from llm_gym.trainer import turn_cache as tc
+
+        session = self._session
+        first = session.calls == 0
+        session.calls += 1
+        plain = len(contexts) * max(len(c) for c in contexts)
+        layout = (
+            prefix_sharing.share_prompts(contexts, self.sharing.min_saved)
+            if self.sharing is not None
+            else None
+        )
+        shares = layout is not None and (layout.shares or self.lockstep)
+        today = layout.tokens()[0] if layout is not None and shares else plain
+        if session.carried is not None or (self.lockstep and not first):
+            # several processes: no extra bucketed prefill forwards (their count would differ between ranks)
+            new, cache, mask, prefill = tc.generate_continued(
+                self.model,
+                contexts,
+                session.carried,
+                cfg,
+                self.pad_id,
+                self.device,
+                max_padding=math.inf if self.lockstep else tc.MAX_PADDING,
+            )
+        elif layout is not None and shares:
+            new, cache, mask = prefix_sharing.generate_shared_with_cache(
+                self.model, layout, cfg, self.pad_id, self.device
+            )
+            prefill = today
+            self.sharing.generation.add(today, plain)  # prefix sharing's own count: the calls it ran
+        else:
+            new, cache, mask, prefill = tc.generate_continued(
+                self.model, contexts, None, cfg, self.pad_id, self.device
+            )
+        session.keep(cache, mask, contexts, new)
+        session.turn_cache.stats.add(prefill, today, plain)
+        return new
 
 
 def vllm_stop_kwargs(stop_ids: Sequence[int]) -> dict[str, Any]:
@@ -453,6 +526,7 @@ class EnvRolloutFunc:
                     trainer.accelerator.device,
                     sharing=getattr(trainer, "prefix_sharing", None),
                     lockstep=lockstep is not None,
+                    turn_cache=getattr(trainer, "turn_cache", None),
                 )
                 episodes = play_token_episodes(args.env, seeds, gen, self.template, **kwargs)
         self.last = RolloutInfo.from_episodes(episodes)
