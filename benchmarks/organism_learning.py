@@ -255,9 +255,31 @@ def part_frozenlake_sft(work: Path, quick: bool, published: dict[str, Any] | Non
             cmd += ["--format_loss_weight", str(weight), "--logging_steps", "50"]
             timing = _timed(cmd, work / f"frozenlake_sft_{name}.log")
             ev = work / f"frozenlake_eval_{name}"
-            cmd = [_bin("llmgym-eval"), "--model", str(run / "final"), "--env", FL_ENV, "--num_eval_seeds", str(n)]
-            cmd += ["--eval_seed", str(FL_EVAL_SEED), "--env_kwargs", json.dumps(FL_KWARGS), "--temperature", "0"]
-            cmd += ["--max_new_tokens", "16", "--output_dir", str(ev), "--overwrite_output_dir", "--no_progress"]
+            cmd = [
+                _bin("llmgym-eval"),
+                "--model",
+                str(run / "final"),
+                "--env",
+                FL_ENV,
+                "--num_eval_seeds",
+                str(n),
+            ]
+            cmd += [
+                "--eval_seed",
+                str(FL_EVAL_SEED),
+                "--env_kwargs",
+                json.dumps(FL_KWARGS),
+                "--temperature",
+                "0",
+            ]
+            cmd += [
+                "--max_new_tokens",
+                "16",
+                "--output_dir",
+                str(ev),
+                "--overwrite_output_dir",
+                "--no_progress",
+            ]
             _timed(cmd, work / f"frozenlake_eval_{name}.log")
             s = json.loads((ev / "summary.json").read_text())["envs"][FL_ENV]
             rows = sum(1 for _ in data.open())
@@ -312,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, required=True, help="runs and finished parts (resumable)")
     ap.add_argument("--quick", action="store_true", help="a few steps and 16 seeds: checks the pipeline only")
-    ap.add_argument("--publish", action="store_true", help=f"write {PUBLISHED.relative_to(ROOT)}")
+    ap.add_argument("--publish", action="store_true", help="write docs/data/organism_learning.json")
     ap.add_argument(
         "--parts",
         default=",".join(PARTS),

@@ -49,7 +49,9 @@ def solver_states(rows_path: str | Path) -> tuple[list[str], list[int], list[str
                     continue
                 actions = parse_response(message["content"], think=False).actions
                 if len(actions) != 1 or actions[0] not in names:
-                    raise ValueError(f"seed {row['seed']}: expected one move a turn, got {message['content']!r}")
+                    raise ValueError(
+                        f"seed {row['seed']}: expected one move a turn, got {message['content']!r}"
+                    )
                 observations.append(obs)
                 moves.append(names.index(actions[0]))
                 obs, _, terminated, truncated, _ = env.step(message["content"])
@@ -166,7 +168,9 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="solver episodes exported by `llmgym export --policy expert`")
+    ap.add_argument(
+        "--data", required=True, help="solver episodes exported by `llmgym export --policy expert`"
+    )
     ap.add_argument("--num_seeds", type=int, default=512)
     ap.add_argument("--seed_start", type=int, default=200_000)
     ap.add_argument("--steps", type=int, default=300)

@@ -20,7 +20,6 @@ import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.agent.export import export_episodes, write_jsonl  # noqa: E402
 from llm_gym.trainer import evaluate, sft  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -42,41 +41,59 @@ SEEDS = range(ORGANISM.FL_EVAL_SEED, ORGANISM.FL_EVAL_SEED + 512)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """The benchmark's solver episodes: seeds 1,000,000.. (300 tried, those the solver finishes in 3 moves)."""
-    rows = export_episodes(
-        ORGANISM.FL_ENV, range(1_000_000, 1_000_300), env_kwargs=ORGANISM.FL_KWARGS, expert_fraction=1.0
-    ).rows
-    path = tmp_path_factory.mktemp("fl") / "solver.jsonl"
-    write_jsonl(rows, path)
-    return path
+    """The benchmark's solver episodes (``llmgym export --policy expert`` on seeds 1,000,000..)."""
+    return ORGANISM.frozenlake_data(tmp_path_factory.mktemp("fl"), quick=False)
 
 
 @pytest.fixture(scope="module")
 def control(data) -> dict:
-    return _bench("plain_control").run(data, ORGANISM.FL_ENV, ORGANISM.FL_KWARGS, SEEDS)
+    return _bench("plain_control").run(data, ORGANISM.FL_ENV, ORGANISM.FL_KWARGS, SEEDS)["success"]
 
 
-def _sft(data: Path, out: Path, weight: float, steps: int) -> dict:
-    argv = ["--model", "organism-s", "--data", str(data), "--output_dir", str(out / "sft"), "--max_steps"]
-    argv += [str(steps), "--per_device_train_batch_size", "32", "--learning_rate", "1e-3", "--lr_scheduler_type"]
-    argv += ["constant", "--seed", "0", "--format_loss_weight", str(weight), "--report_to", "none"]
-    assert sft.main([*argv, "--save_strategy", "no", "--logging_steps", "100"]) == 0
-    argv = ["--model", str(out / "sft" / "final"), "--env", ORGANISM.FL_ENV, "--env_kwargs"]
-    argv += [json.dumps(ORGANISM.FL_KWARGS), "--eval_seed", str(SEEDS[0]), "--num_eval_seeds", str(len(SEEDS))]
-    argv += ["--temperature", "0", "--max_new_tokens", "16", "--output_dir", str(out / "eval"), "--no_progress"]
-    assert evaluate.main(argv) == 0
-    summary = json.loads((out / "eval" / "summary.json").read_text())["envs"][ORGANISM.FL_ENV]
+@pytest.fixture(scope="module")
+def sft_run(data, tmp_path_factory) -> Path:
+    """``llmgym-sft`` as the benchmark's ``w0.1_600`` run, with a checkpoint at 300 steps (the broken twin)."""
+    weight, steps = ORGANISM.FL_RUNS["w0.1_600"]
+    out = tmp_path_factory.mktemp("sft")
+    argv = ["--model", "organism-s", "--data", str(data), "--output_dir", str(out), "--max_steps", str(steps)]
+    argv += [
+        "--per_device_train_batch_size",
+        "32",
+        "--learning_rate",
+        "1e-3",
+        "--lr_scheduler_type",
+        "constant",
+    ]
+    argv += [
+        "--seed",
+        "0",
+        "--format_loss_weight",
+        str(weight),
+        "--report_to",
+        "none",
+        "--logging_steps",
+        "50",
+    ]
+    assert sft.main([*argv, "--save_strategy", "steps", "--save_steps", "300"]) == 0
+    return out
+
+
+def _play(model: Path, out: Path) -> dict:
+    argv = ["--model", str(model), "--env", ORGANISM.FL_ENV, "--env_kwargs", json.dumps(ORGANISM.FL_KWARGS)]
+    argv += ["--eval_seed", str(SEEDS[0]), "--num_eval_seeds", str(len(SEEDS)), "--temperature", "0"]
+    assert evaluate.main([*argv, "--max_new_tokens", "16", "--output_dir", str(out), "--no_progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())["envs"][ORGANISM.FL_ENV]
     return {"rate": summary["success_rate"], "ci": summary["success_ci"]}
 
 
 @pytest.mark.parametrize(
-    "weight, steps, reaches",
-    [(0.1, 600, True), pytest.param(1.0, 300, False, id="broken-twin-trl-loss-300-steps")],
+    "model, reaches",
+    [("final", True), pytest.param("checkpoint-300", False, id="broken-twin-300-steps-as-the-probe")],
 )
-def test_our_sft_reaches_the_plain_control_on_the_same_episodes(data, control, tmp_path, weight, steps, reaches):
-    ours = _sft(data, tmp_path, weight, steps)
-    theirs = control["success"]
-    overlap = ours["ci"][1] >= theirs["ci"][0]
-    message = f"ours {ours['rate']:.3f} {ours['ci']} vs control {theirs['rate']:.3f} {theirs['ci']}"
-    assert theirs["ci"][0] > 0.5, f"the control itself did not learn: {message}"
-    assert overlap is reaches, message
+def test_our_sft_reaches_the_plain_control_on_the_same_episodes(sft_run, control, tmp_path, model, reaches):
+    ours = _play(sft_run / model, tmp_path / "eval")
+    message = (
+        f"ours ({model}) {ours['rate']:.3f} {ours['ci']} vs control {control['rate']:.3f} {control['ci']}"
+    )
+    assert control["ci"][0] > 0.5, f"the control itself did not learn: {message}"
+    assert (ours["ci"][1] >= control["ci"][0]) is reaches, message
