@@ -19,8 +19,10 @@ from llm_gym.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_RESETS,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_READ_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    HTTP_MARGIN,
 )
 
 # ------------------------------------------------------------------------------------------------ config
@@ -52,6 +54,7 @@ class ServeConfig:
     allow_client_kwargs: tuple[str, ...] = ()
     max_concurrent_resets: int = DEFAULT_MAX_CONCURRENT_RESETS
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         from llm_gym.registration import check_trusted_env_id
@@ -67,7 +70,7 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not is_int(self.port, numpy=False) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
-        for name in ("idle_timeout_s", "request_timeout_s", "shutdown_timeout_s"):
+        for name in ("idle_timeout_s", "request_timeout_s", "shutdown_timeout_s", "read_timeout_s"):
             v = getattr(self, name)
             if not is_number(v) or not 0 < v <= 86400:
                 raise ValueError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
@@ -131,6 +134,12 @@ class ServeConfig:
             )
 
     @property
+    def max_pending_connections(self) -> int:
+        """Connections waiting for a request at once (the oldest is closed for one more), and HTTP requests in
+        the app at once (503 beyond): the sessions and a margin (:data:`~llm_gym.serve.protocol.HTTP_MARGIN`)."""
+        return self.max_sessions + HTTP_MARGIN
+
+    @property
     def ws_max_bytes(self) -> int:
         """Transport bound on one WebSocket message: the longest action as JSON (``\\uXXXX`` escapes of
         surrogate pairs take 12 bytes per character) plus room for the envelope and a reset's kwargs."""
@@ -142,6 +151,7 @@ class ServeConfig:
         out["env_ids"] = list(self.env_ids)
         out["token_required"] = bool(self.token)
         out["ws_max_bytes"] = self.ws_max_bytes
+        out["max_pending_connections"] = self.max_pending_connections
         return out
 
 
@@ -223,6 +233,12 @@ def add_parser(sub: Any, func: Any) -> None:
         help="seconds a reset or step may take before the session is closed with an error",
     )
     p.add_argument(
+        "--read_timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        help="seconds an HTTP request (headers and body) may take to arrive before its connection is closed",
+    )
+    p.add_argument(
         "--max_action_chars", type=int, default=DEFAULT_MAX_ACTION_CHARS, help="longest action (characters)"
     )
     p.add_argument(
@@ -287,5 +303,6 @@ def config_from_args(args: Any) -> ServeConfig:
         max_sessions=args.max_sessions,
         idle_timeout_s=args.idle_timeout,
         request_timeout_s=args.request_timeout,
+        read_timeout_s=args.read_timeout,
         max_action_chars=args.max_action_chars,
     )

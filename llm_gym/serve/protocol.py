@@ -42,6 +42,13 @@ DEFAULT_MAX_SESSIONS = 256
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: Longest a reset or step may take before the server answers with an error and closes the session.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
+#: Longest an HTTP request (request line, headers and body) may take to arrive, counted from the connection's
+#: opening (or the previous response on a kept-alive connection); a connection still sending one is then closed.
+DEFAULT_READ_TIMEOUT_S = 10.0
+#: Connections waiting for a request beyond the session limit (``max_sessions`` + this); one more closes the
+#: one that has waited longest, so slow clients evict each other, never a request that arrives at once. The same
+#: number bounds the HTTP requests in the app at once (503 beyond).
+HTTP_MARGIN = 64
 #: Longest HTTP request body (the stateless OpenEnv endpoints and ``/llmgym/describe``).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 #: Resets (and env builds) that run at once; the others wait their turn within the request time bound. A reset

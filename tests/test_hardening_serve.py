@@ -1,0 +1,251 @@
+"""Hardening, round four: ``llmgym serve`` against slow and abrupt clients, and ``llmgym/Remote-v0`` against a
+hostile server (deadlines over whole replies, deep JSON, bad limits, replies outside the described spaces).
+
+Servers and fake servers bind 127.0.0.1 only; every connection count, wait and reply size is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from llm_gym.serve.config import ServeConfig
+from tests._serve import running_server
+
+pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv) is not installed")
+pytest.importorskip("websockets")
+
+
+FL = "llmgym/FrozenLake-v0"
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, float]:
+    """``(status, seconds)`` of a GET, with no proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    t0 = time.monotonic()
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            return resp.status, time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, time.monotonic() - t0
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(0.01)
+    try:
+        return sock.recv(1) == b""
+    except (TimeoutError, BlockingIOError):
+        return False
+    except OSError:
+        return True
+
+
+# ------------------------------------------------------------------------------------- M1: slow HTTP clients
+def test_half_sent_requests_neither_starve_others_nor_stay_open():
+    """Slowloris against 127.0.0.1 (M1): 80 connections holding half a request (more than the old connection
+    limit of sessions + 64 = 68, at which every HTTP request was a 503), each dripping a byte a second. Other
+    requests are answered at once the whole time; the oldest are closed to make room for the newest, and every
+    one is closed by the request-read deadline."""
+    read_timeout = 3.0
+    with running_server(
+        "--env", "FrozenLake", "--max_sessions", "4", "--read_timeout", str(read_timeout)
+    ) as srv:
+        socks = []
+        for i in range(80):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            if i % 2:  # headers cut off
+                s.sendall(b"POST /llmgym/describe HTTP/1.1\r\nHost: x\r\n")
+            else:  # headers complete, the body cut off
+                s.sendall(b"POST /llmgym/describe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            socks.append(s)
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        # the pool holds sessions + 64: the 12 oldest made room, the newest still wait
+        assert all(_closed_by_peer(s) for s in socks[:12])
+        assert not any(_closed_by_peer(s) for s in socks[-20:])
+        while time.monotonic() - t0 < read_timeout - 1.0:
+            for path in ("/health", "/llmgym/status"):
+                status, took = _get(srv.url + path)
+                assert status == 200 and took < 2.0, (path, status, took)
+            for s in socks[12:]:
+                try:
+                    s.sendall(b"x")  # a byte at a time: each read is quick, the request never ends
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        deadline = t0 + read_timeout + 5.0
+        while time.monotonic() < deadline and not all(_closed_by_peer(s) for s in socks):
+            time.sleep(0.2)
+        assert all(_closed_by_peer(s) for s in socks), "a half-sent request outlived the read deadline"
+        for s in socks:
+            s.close()
+        assert _get(srv.url + "/health")[0] == 200
+
+
+def test_a_request_in_flight_past_the_limit_is_a_503_and_others_run():
+    """Guard bounds the HTTP requests in the app at once (max_sessions + 64): one more is a 503, not a queue."""
+    from llm_gym.serve.server import Guard
+
+    config = ServeConfig(env_ids=(FL,), max_sessions=1)
+    release = asyncio.Event()
+    running = []
+
+    async def app(scope, receive, send):
+        running.append(scope["path"])
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = Guard(app, config)
+
+    async def one(path: str) -> int:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(m):
+            sent.append(m)
+
+        await guard({"type": "http", "path": path, "headers": []}, receive, send)
+        return sent[0]["status"]
+
+    async def run() -> list[int]:
+        limit = config.max_pending_connections
+        held = [asyncio.ensure_future(one("/held")) for _ in range(limit)]
+        while len(running) < limit:
+            await asyncio.sleep(0.01)
+        refused = await asyncio.wait_for(one("/one-more"), 5)
+        release.set()
+        return [refused, *await asyncio.wait_for(asyncio.gather(*held), 5)]
+
+    statuses = asyncio.run(run())
+    assert statuses[0] == 503 and set(statuses[1:]) == {200}
+    assert guard.http_in_app == 0 and "/one-more" not in running
+
+
+# ------------------------------------------------------------------------------------- L4, L5: server log
+def _rst(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0): the peer is gone before the server's reply."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _ws_frame(text: bytes) -> bytes:
+    """One masked client text frame (RFC 6455), written by hand so that it may carry invalid UTF-8."""
+    mask = b"\x01\x02\x03\x04"
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(text))
+    length = (
+        bytes([0x80 | len(text)]) if len(text) < 126 else bytes([0x80 | 126]) + struct.pack("!H", len(text))
+    )
+    return b"\x81" + length + mask + body
+
+
+def _ws_open(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(4096)
+        assert chunk, "the handshake was refused"
+        got += chunk
+    assert b" 101 " in got.split(b"\r\n", 1)[0]
+    return s
+
+
+def test_abrupt_disconnects_and_deep_describe_bodies_log_no_traceback():
+    """L4: a client that resets its connection before the server's reply (10 times, mid-reset) and one sending
+    invalid UTF-8 leave no traceback in the server's log; L5: a describe body nested 100,000 deep is a 400,
+    not a 500 with a RecursionError."""
+    rows = [list("#" * 30)] + [list("#" + " " * 28 + "#") for _ in range(28)] + [list("#" * 30)]
+    rows[1][1] = "@"
+    for i in range(4):  # boxes far from their goals: the solver works a while before the reply
+        rows[3 + 2 * i][3 + i], rows[26 - i][26 - 2 * i] = "$", "."
+    level = "\n".join("".join(r) for r in rows)
+    with running_server("--env", "Sokoban,FrozenLake", "--max_sessions", "16") as srv:
+        for i in range(10):
+            s = _ws_open(srv.port)
+            data = {"env_id": "llmgym/Sokoban-v0", "options": {"level": level}} if i % 2 else {"env_id": FL}
+            s.sendall(_ws_frame(json.dumps({"type": "reset", "data": data}).encode()))
+            time.sleep(0.05)
+            _rst(s)
+        s = _ws_open(srv.port)
+        s.sendall(_ws_frame(b'{"type": "\xff\xfe"}'))
+        time.sleep(0.5)
+        s.close()
+        assert srv.wait_open_envs(0) == 0
+        time.sleep(0.5)
+        log = srv.output()
+        assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
+        body = b"[" * 100_000 + b"]" * 100_000
+        req = urllib.request.Request(
+            srv.url + "/llmgym/describe", data=body, headers={"Content-Type": "application/json"}
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with pytest.raises(urllib.error.HTTPError) as err:
+            opener.open(req, timeout=10)
+        assert err.value.code == 400 and b"nested too deeply" in err.value.read()
+        time.sleep(0.3)
+        log = srv.output()
+    assert "Traceback" not in log and "RecursionError" not in log, log[-3000:]
+
+
+# ------------------------------------------------------------------------ a fake server for the client's side
+class _Fake:
+    """A hostile ``llmgym serve`` on 127.0.0.1: ``handler(request_handler)`` writes whatever it likes."""
+
+    def __init__(self, handler: Callable[[BaseHTTPRequestHandler], None]):
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                handler(self)
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *a):  # quiet
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@contextmanager
+def fake_server(handler: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    fake = _Fake(handler)
+    try:
+        yield fake.url
+    finally:
+        fake.close()
+
+
+def _drip(data: bytes, every_s: float = 0.25) -> Callable[[BaseHTTPRequestHandler], None]:
+    def handler(h: BaseHTTPRequestHandler) -> None:
+        if h.command == "POST":
+            h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        try:
+            for b in data:
+                h.wfile.write(bytes([b]))
+                h.wfile.flush()
+                time.sleep(every_s)
+        except OSError:
+            pass
+
+    return handler
