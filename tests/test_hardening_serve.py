@@ -25,6 +25,7 @@ from tests._serve import running_server
 pytest.importorskip("openenv.core.env_server", reason="the serve extra (openenv) is not installed")
 pytest.importorskip("websockets")
 
+from llm_gym.serve.client import RemoteEnvError  # noqa: E402
 
 FL = "llmgym/FrozenLake-v0"
 
@@ -236,12 +237,17 @@ def fake_server(handler: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[s
         fake.close()
 
 
-def _drip(data: bytes, every_s: float = 0.25) -> Callable[[BaseHTTPRequestHandler], None]:
+def _drip(
+    data: bytes, every_s: float = 0.25, for_s: float = 10.0
+) -> Callable[[BaseHTTPRequestHandler], None]:
+    """A byte of ``data`` every ``every_s``, for at most ``for_s`` (then the connection is closed: a client with
+    no deadline over the whole reply fails the test late instead of hanging it)."""
+
     def handler(h: BaseHTTPRequestHandler) -> None:
         if h.command == "POST":
             h.rfile.read(int(h.headers.get("Content-Length") or 0))
         try:
-            for b in data:
+            for b in data[: int(for_s / every_s)]:
                 h.wfile.write(bytes([b]))
                 h.wfile.flush()
                 time.sleep(every_s)
@@ -249,3 +255,191 @@ def _drip(data: bytes, every_s: float = 0.25) -> Callable[[BaseHTTPRequestHandle
             pass
 
     return handler
+
+
+def _describe_reply(**limits) -> dict:
+    import gymnasium as gym
+
+    from llm_gym.serve.protocol import describe
+
+    env = gym.make(FL)
+    out = describe(FL, env)
+    env.close()
+    out.update(
+        env_kwargs={}, fixed_kwargs={}, limits={"max_action_chars": 16384, "ws_max_bytes": 1 << 18, **limits}
+    )
+    return out
+
+
+def _reply_json(h: BaseHTTPRequestHandler, payload: bytes | str) -> None:
+    body = payload.encode() if isinstance(payload, str) else payload
+    h.send_response(200)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def _server_frame(payload: bytes) -> bytes:
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x81, n])
+    elif n < 1 << 16:
+        head = bytes([0x81, 126]) + struct.pack("!H", n)
+    else:
+        head = bytes([0x81, 127]) + struct.pack("!Q", n)
+    return head + payload
+
+
+def _read_client_frame(rfile) -> bytes:
+    b1, b2 = rfile.read(2)
+    n = b2 & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", rfile.read(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", rfile.read(8))[0]
+    mask = rfile.read(4)
+    return bytes(b ^ mask[i % 4] for i, b in enumerate(rfile.read(n)))
+
+
+def _observation(text: str = "", reward=None, **fields) -> dict:
+    obs = {"text": text, "info": {}, "attributes": {}, "terminated": False, "truncated": False, **fields}
+    return {"type": "observation", "data": {"observation": obs, "reward": reward, "done": False}}
+
+
+def _hostile(describe: dict | bytes, on_step: Callable[[], bytes | None]) -> Callable:
+    """A fake server: ``describe`` answers /llmgym/describe; on /ws, a valid reset reply, then ``on_step()``'s
+    text for the step (``None``: nothing, the connection held open)."""
+    import base64
+    import hashlib
+
+    def handler(h: BaseHTTPRequestHandler) -> None:
+        if h.path == "/llmgym/describe":
+            h.rfile.read(int(h.headers.get("Content-Length") or 0))
+            return _reply_json(h, describe if isinstance(describe, bytes) else json.dumps(describe))
+        key = h.headers["Sec-WebSocket-Key"]
+        accept = base64.b64encode(
+            hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+        )
+        h.wfile.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        )
+        try:
+            _read_client_frame(h.rfile)  # reset
+            h.wfile.write(_server_frame(json.dumps(_observation("FFF\n")).encode()))
+            _read_client_frame(h.rfile)  # step
+            payload = on_step()
+            if payload is not None:
+                h.wfile.write(_server_frame(payload))
+            time.sleep(8)  # never finish a close handshake
+        except (OSError, ValueError):
+            pass
+
+    return handler
+
+
+def _make_remote(url: str, **kw):
+    import gymnasium as gym
+
+    return gym.make(
+        "llmgym/Remote-v0",
+        url=url,
+        env_id=FL,
+        connect_timeout_s=kw.pop("connect_timeout_s", 1.0),
+        request_timeout_s=kw.pop("request_timeout_s", 3.0),
+        disable_env_checker=True,
+        **kw,
+    )
+
+
+# ----------------------------------------------------------------------------------- M3: deadlines as a whole
+@pytest.mark.parametrize("part", ["body", "headers"])
+def test_describe_and_status_have_a_deadline_over_the_whole_reply(part):
+    """M3: a server answering a byte every 0.25 s (each read is quick, the reply takes minutes) fails gym.make and
+    server_status within their time bound, not per read."""
+    from llm_gym.serve.client import server_status
+
+    body = json.dumps(_describe_reply()).encode()
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    )
+
+    def handler(h: BaseHTTPRequestHandler) -> None:
+        if part == "body":
+            h.wfile.write(head)
+            h.wfile.flush()
+        _drip(head + body if part == "headers" else body)(h)
+
+    with fake_server(handler) as url:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEnvError, match="no complete reply within 3 s"):
+            _make_remote(url, connect_timeout_s=1.0, request_timeout_s=2.0)
+        assert time.monotonic() - t0 < 6.0
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEnvError, match="no complete reply within 2 s"):
+            server_status(url, timeout_s=2.0)
+        assert time.monotonic() - t0 < 5.0
+
+
+# ------------------------------------------------------------------- L1, L2: describe replies and their limits
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (b"[" * 1_000_000, "nested deeper than 64"),  # L1: Python's reader would raise RecursionError
+        (
+            json.dumps(
+                {**_describe_reply(), "fixed_kwargs": {"a": json.loads("[" * 500 + "]" * 500)}}
+            ).encode(),
+            "nested deeper than 64",
+        ),
+        (json.dumps(_describe_reply(ws_max_bytes=float("inf"))).encode(), "NaN or an infinite"),  # L2
+        (json.dumps(_describe_reply(ws_max_bytes=-5)).encode(), "ws_max_bytes must be an integer"),  # L2
+        (json.dumps(_describe_reply(ws_max_bytes=1.5)).encode(), "ws_max_bytes must be an integer"),
+        (
+            json.dumps({**_describe_reply(), "attributes": {"action_names": 5}}).encode(),
+            "'action_names' is not a names value",
+        ),
+    ],
+    ids=["deep", "deep-fixed-kwargs", "ws-max-inf", "ws-max-negative", "ws-max-float", "attributes-type"],
+)
+def test_a_describe_reply_that_cannot_be_used_is_one_error(reply, message):
+    with fake_server(_hostile(reply, lambda: None)) as url:
+        with pytest.raises(RemoteEnvError, match=message):
+            _make_remote(url)
+
+
+# --------------------------------------------------------------------- L1, L3, M4: WebSocket replies checked
+@pytest.mark.parametrize(
+    "step_reply, message",
+    [
+        (b"[" * 1_000_000, "nested deeper than 64"),  # L1 (a 1 MB reply within the client's bound)
+        (json.dumps(_observation("x" * 100_000, 0.0)).encode(), "not in the observation space"),  # L3
+        (
+            json.dumps(_observation("FFF\n", 0.0, attributes={"action_names": 5})).encode(),
+            "action_names",
+        ),  # L3
+        (json.dumps(_observation("FFF\n", float("nan"))).encode(), "NaN or an infinite"),  # M4 over the wire
+        (json.dumps(_observation("FFF\n", 1e308)).replace("1e+308", "1e999").encode(), "NaN or an infinite"),
+        (
+            json.dumps(_observation("y" * 3_000_000, 0.0)).encode(),
+            "over this client's limit of 1048576 bytes",
+        ),
+    ],
+    ids=["deep", "obs-over-space", "attribute-type", "nan-reward", "1e999-reward", "over-size"],
+)
+def test_a_websocket_reply_outside_what_describe_announced_is_one_error_and_drops_the_session(
+    step_reply, message
+):
+    import gymnasium as gym
+
+    with fake_server(_hostile(_describe_reply(), lambda: step_reply)) as url:
+        env = _make_remote(url)
+        assert env.reset(seed=0)[0] == "FFF\n"
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEnvError, match=message):
+            env.step("<answer>Up</answer>")
+        assert time.monotonic() - t0 < 2.5  # reported as what it is, not as a time-out after 3 s
+        with pytest.raises(gym.error.ResetNeeded):  # the session was dropped
+            env.step("<answer>Up</answer>")
+        env.close()

@@ -85,7 +85,7 @@ def bounded_h11_protocol(pool: PendingPool) -> type[H11Protocol]:
             if self.conn.their_state in _READING:
                 self.transport.close()
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
 
