@@ -122,7 +122,7 @@ def test_a_request_in_flight_past_the_limit_is_a_503_and_others_run():
         return sent[0]["status"]
 
     async def run() -> list[int]:
-        limit = config.max_pending_connections
+        limit = config.max_http_requests
         held = [asyncio.ensure_future(one("/held")) for _ in range(limit)]
         while len(running) < limit:
             await asyncio.sleep(0.01)

@@ -19,6 +19,7 @@ from llm_gym.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_RESETS,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_WAITING_CONNECTIONS,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -55,6 +56,7 @@ class ServeConfig:
     max_concurrent_resets: int = DEFAULT_MAX_CONCURRENT_RESETS
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    max_waiting_connections: int = DEFAULT_MAX_WAITING_CONNECTIONS
 
     def __post_init__(self) -> None:
         from llm_gym.registration import check_trusted_env_id
@@ -64,7 +66,13 @@ class ServeConfig:
         self.env_ids = tuple(check_trusted_env_id(e, "--env") for e in self.env_ids)
         self._check_env_kwargs()
         self._check_allowed_kwargs()
-        for name in ("max_sessions", "max_action_chars", "max_body_bytes", "max_concurrent_resets"):
+        for name in (
+            "max_sessions",
+            "max_action_chars",
+            "max_body_bytes",
+            "max_concurrent_resets",
+            "max_waiting_connections",
+        ):
             v = getattr(self, name)
             if not is_int(v, numpy=False) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -134,9 +142,9 @@ class ServeConfig:
             )
 
     @property
-    def max_pending_connections(self) -> int:
-        """Connections waiting for a request at once (the oldest is closed for one more), and HTTP requests in
-        the app at once (503 beyond): the sessions and a margin (:data:`~llm_gym.serve.protocol.HTTP_MARGIN`)."""
+    def max_http_requests(self) -> int:
+        """HTTP requests in the app at once (503 beyond): the sessions and a margin
+        (:data:`~llm_gym.serve.protocol.HTTP_MARGIN`)."""
         return self.max_sessions + HTTP_MARGIN
 
     @property
@@ -151,7 +159,7 @@ class ServeConfig:
         out["env_ids"] = list(self.env_ids)
         out["token_required"] = bool(self.token)
         out["ws_max_bytes"] = self.ws_max_bytes
-        out["max_pending_connections"] = self.max_pending_connections
+        out["max_http_requests"] = self.max_http_requests
         return out
 
 
@@ -239,6 +247,12 @@ def add_parser(sub: Any, func: Any) -> None:
         help="seconds an HTTP request (headers and body) may take to arrive before its connection is closed",
     )
     p.add_argument(
+        "--max_waiting_connections",
+        type=int,
+        default=DEFAULT_MAX_WAITING_CONNECTIONS,
+        help="connections waiting for a request at once; one more closes the one that has waited longest",
+    )
+    p.add_argument(
         "--max_action_chars", type=int, default=DEFAULT_MAX_ACTION_CHARS, help="longest action (characters)"
     )
     p.add_argument(
@@ -304,5 +318,6 @@ def config_from_args(args: Any) -> ServeConfig:
         idle_timeout_s=args.idle_timeout,
         request_timeout_s=args.request_timeout,
         read_timeout_s=args.read_timeout,
+        max_waiting_connections=args.max_waiting_connections,
         max_action_chars=args.max_action_chars,
     )

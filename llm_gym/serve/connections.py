@@ -8,9 +8,10 @@ held. Here, instead:
 
 * every connection reading a request (its request line, headers and body), or idle between two, must finish that
   request within ``read_timeout_s`` of its first byte (of the connection, for the first one): else it is closed;
-* at most ``max_pending`` connections read or wait at once; one more closes the one that has waited longest. A
-  well-behaved client sends its request in milliseconds, so it is never the oldest: slow clients only evict each
-  other;
+* at most ``max_pending`` (``--max_waiting_connections``) connections read or wait at once; one more closes the
+  one that has waited longest. Below that bound slow clients are closed only by the deadline and never touch a
+  request that arrives at once; past it, a request that arrives at once is still never the oldest unless slow
+  clients reconnect faster than it is read (a connection flood, which only a per-address limit in front stops);
 * once a request has arrived, the app's time is bounded by :class:`llm_gym.serve.server.Guard` (request time and
   the number of requests in the app at once), not here.
 

@@ -45,9 +45,11 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 #: Longest an HTTP request (request line, headers and body) may take to arrive, counted from the connection's
 #: opening (or the previous response on a kept-alive connection); a connection still sending one is then closed.
 DEFAULT_READ_TIMEOUT_S = 10.0
-#: Connections waiting for a request beyond the session limit (``max_sessions`` + this); one more closes the
-#: one that has waited longest, so slow clients evict each other, never a request that arrives at once. The same
-#: number bounds the HTTP requests in the app at once (503 beyond).
+#: Connections waiting for a request (being read, or idle between two) at once; one more closes the one that has
+#: waited longest. Slow clients below this many are closed only by the read deadline, so they never touch a request
+#: that arrives at once; the bound keeps their memory and file descriptors in check.
+DEFAULT_MAX_WAITING_CONNECTIONS = 1024
+#: HTTP requests in the app at once (read in full, not yet answered) beyond the session limit: 503 past it.
 HTTP_MARGIN = 64
 #: Longest HTTP request body (the stateless OpenEnv endpoints and ``/llmgym/describe``).
 DEFAULT_MAX_BODY_BYTES = 1 << 20

@@ -271,7 +271,7 @@ class Guard:
     def __init__(self, app: Any, config: ServeConfig):
         self.app = app
         self.config = config
-        #: HTTP requests in the app now (read in full, not yet answered): at most max_pending_connections
+        #: HTTP requests in the app now (read in full, not yet answered): at most max_http_requests
         self.http_in_app = 0
 
     async def __call__(self, scope, receive, send):
@@ -324,7 +324,7 @@ class Guard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        if self.http_in_app >= self.config.max_pending_connections:
+        if self.http_in_app >= self.config.max_http_requests:
             return await self._deny(
                 "http",
                 receive,
@@ -587,6 +587,31 @@ def _uvicorn_server(uv_config: Any, shutdown_timeout_s: float, *, hard_exit: boo
     return Server(uv_config)
 
 
+def _raise_file_limit(config: ServeConfig) -> None:
+    """Enough file descriptors for every bound at once (sessions, waiting connections, requests in the app): the
+    soft limit is raised toward the hard one, else a warning says which limit a flood reaches first."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    need = 2 * config.max_sessions + config.max_waiting_connections + config.max_http_requests + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            print(
+                f"llmgym serve: warning: {soft} open files allowed (ulimit -n), fewer than the {need} the limits "
+                "can hold at once; lower --max_waiting_connections or --max_sessions, or raise ulimit -n",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def serve(
     config: ServeConfig, *, sock: socket.socket | None = None, announce: bool = True, hard_exit: bool = False
 ) -> None:
@@ -598,7 +623,8 @@ def serve(
 
     quiet_client_faults()
     app = create_app(config)
-    pool = PendingPool(config.max_pending_connections, config.read_timeout_s)
+    pool = PendingPool(config.max_waiting_connections, config.read_timeout_s)
+    _raise_file_limit(config)
     sock = sock or bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     uv = uvicorn.Config(
