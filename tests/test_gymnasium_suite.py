@@ -25,7 +25,7 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 import llm_gym  # noqa: F401 (registers the ids)
 from tests._envs import make_kwargs
 
-pytestmark = pytest.mark.slow  # every id x five checks, pygame frames included: ~1-2 min on 2 cores
+pytestmark = pytest.mark.slow  # every id x five checks, pygame frames included: ~10 s on 2 busy cores
 
 IDS = sorted(i for i in gym.registry if i.startswith("llmgym/"))
 #: What Gymnasium's ``try_make_env`` skips instead of failing.
