@@ -13,8 +13,10 @@ speaking OpenEnv's protocol); ``close`` ends it and frees the server's env. Obse
 local env. Attributes that prompt formatting reads (``instructions``, ``think``, ``action_names``,
 ``actions_left`` ...) are mirrored on this env.
 
-Every wait is bounded: connecting (``connect_timeout_s``) and each reply (``request_timeout_s``). A lost
-connection (server stopped or restarted, session expired) raises :class:`RemoteEnvError` naming the cause; the
+Every wait is bounded as a whole, not per read: connecting (``connect_timeout_s``) and each reply
+(``request_timeout_s``; describe gets both together). Replies are untrusted input: at most 8 MiB, JSON nested at
+most 64 levels, finite numbers, observations inside the described space and attributes of their JSON type, else a
+:class:`RemoteEnvError` (the session dropped). A lost connection (server stopped or restarted, session expired) raises :class:`RemoteEnvError` naming the cause; the
 episode is gone, and the next ``reset`` opens a new session.
 """
 
@@ -296,7 +298,8 @@ class RemoteEnv(gym.Env[str, str]):
         env_kwargs: constructor kwargs, checked by the server against the id's constructor.
         token: bearer token (default: the URL's password, else ``LLMGYM_SERVE_TOKEN``).
         connect_timeout_s: bound on opening a connection.
-        request_timeout_s: bound on each reply; past it the session is dropped and :class:`RemoteEnvError` raised.
+        request_timeout_s: bound on each whole reply; past it the session is dropped and :class:`RemoteEnvError`
+            raised.
         render_mode: only ``None`` (the server never renders).
     """
 
