@@ -73,6 +73,12 @@ def test_half_sent_requests_neither_starve_others_nor_stay_open():
         # 68 may wait: the 12 oldest made room, the newest still wait
         assert all(_closed_by_peer(s) for s in socks[:12])
         assert not any(_closed_by_peer(s) for s in socks[-20:])
+        # a kept-alive connection: one request answered, then half of the next
+        kept = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        socks.append(kept)
         while time.monotonic() - t0 < read_timeout - 1.0:
             for path in ("/health", "/llmgym/status"):
                 status, took = _get(srv.url + path)

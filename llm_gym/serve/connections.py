@@ -16,7 +16,7 @@ held. Here, instead:
   the number of requests in the app at once), not here.
 
 This is the one place that subclasses uvicorn's h11 protocol (its ``conn`` (the h11 connection), ``transport`` and
-``loop`` attributes; pinned by ``tests/test_serve.py``).
+``loop`` attributes; pinned by ``tests/test_hardening_serve.py``).
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ def bounded_h11_protocol(pool: PendingPool) -> type[H11Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                self._arm()  # idle between requests: in the pool too (uvicorn's keep-alive timer also runs)
+            if not self.transport.is_closing() and self.conn.their_state in _READING:
+                # idle between requests, or a pipelined request still arriving: in the pool too, with a deadline
+                self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
