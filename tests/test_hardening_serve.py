@@ -30,21 +30,25 @@ from llm_gym.serve.client import RemoteEnvError  # noqa: E402
 FL = "llmgym/FrozenLake-v0"
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, float]:
+def _get(url: str, timeout: float = 5.0, token: str | None = None) -> tuple[int, float]:
     """``(status, seconds)`` of a GET, with no proxy."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     t0 = time.monotonic()
     try:
-        with opener.open(url, timeout=timeout) as resp:
+        with opener.open(req, timeout=timeout) as resp:
             return resp.status, time.monotonic() - t0
     except urllib.error.HTTPError as e:
         return e.code, time.monotonic() - t0
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (a reply it sent first, such as a 401, is read and dropped)."""
     sock.settimeout(0.01)
     try:
-        return sock.recv(1) == b""
+        while True:
+            if sock.recv(65536) == b"":
+                return True
     except (TimeoutError, BlockingIOError):
         return False
     except OSError:
@@ -52,14 +56,16 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 
 # ------------------------------------------------------------------------------------- M1: slow HTTP clients
-def test_half_sent_requests_neither_starve_others_nor_stay_open():
+@pytest.mark.parametrize("token", [None, "t0ken-for-the-tests-0123456789"], ids=["open", "token"])
+def test_half_sent_requests_neither_starve_others_nor_stay_open(token):
     """Slowloris against 127.0.0.1 (M1): 80 connections holding half a request (more than the old connection
     limit of sessions + 64 = 68, at which every HTTP request was a 503), each dripping a byte a second. Other
     requests are answered at once the whole time; with 68 waiting connections allowed the oldest are closed to make
-    room for the newest, and every one is closed by the request-read deadline."""
+    room for the newest, and every one is closed by the request-read deadline. With a token the slow clients,
+    which send none (the token is checked once the headers are in), still made requests with it a 503."""
     read_timeout = 3.0
     args = ("--max_sessions", "4", "--read_timeout", str(read_timeout), "--max_waiting_connections", "68")
-    with running_server("--env", "FrozenLake", *args) as srv:
+    with running_server("--env", "FrozenLake", *args, env={"LLMGYM_SERVE_TOKEN": token or ""}) as srv:
         socks = []
         for i in range(80):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
@@ -75,13 +81,14 @@ def test_half_sent_requests_neither_starve_others_nor_stay_open():
         assert not any(_closed_by_peer(s) for s in socks[-20:])
         # a kept-alive connection: one request answered, then half of the next
         kept = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
-        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
         assert kept.recv(4096).startswith(b"HTTP/1.1 200")
         kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         socks.append(kept)
         while time.monotonic() - t0 < read_timeout - 1.0:
             for path in ("/health", "/llmgym/status"):
-                status, took = _get(srv.url + path)
+                status, took = _get(srv.url + path, token=token)
                 assert status == 200 and took < 2.0, (path, status, took)
             for s in socks[12:]:
                 try:
@@ -95,7 +102,7 @@ def test_half_sent_requests_neither_starve_others_nor_stay_open():
         assert all(_closed_by_peer(s) for s in socks), "a half-sent request outlived the read deadline"
         for s in socks:
             s.close()
-        assert _get(srv.url + "/health")[0] == 200
+        assert _get(srv.url + "/health", token=token)[0] == 200
 
 
 def test_a_request_in_flight_past_the_limit_is_a_503_and_others_run():
