@@ -56,7 +56,11 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 
 # ------------------------------------------------------------------------------------- M1: slow HTTP clients
-@pytest.mark.parametrize("token", [None, "t0ken-for-the-tests-0123456789"], ids=["open", "token"])
+@pytest.mark.parametrize(
+    "token",
+    [None, pytest.param("t0ken-for-the-tests-0123456789", marks=pytest.mark.slow)],  # ~10 s each
+    ids=["open", "token"],
+)
 def test_half_sent_requests_neither_starve_others_nor_stay_open(token):
     """Slowloris against 127.0.0.1 (M1): 80 connections holding half a request (more than the old connection
     limit of sessions + 64 = 68, at which every HTTP request was a 503), each dripping a byte a second. Other
