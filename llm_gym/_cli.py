@@ -19,8 +19,15 @@ EXIT_CODES_HELP = (
 )
 
 
+def env_help(text: str) -> str:
+    """An ``--env`` option's help with the registry's families named (a new family shows up by itself)."""
+    from llm_gym.registration import family_names
+
+    return f"{text} Families: {', '.join(family_names())}."
+
+
 def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """TRL's flag style on every llm-gym command: ``--num_seeds``, not ``--num-seeds``.
+    """TRL's flag style on every llm-gym command: ``--num_eval_seeds``, not ``--num-eval-seeds``.
 
     Each dashed long option becomes its snake_case spelling in help and errors; the dashed spelling still
     parses as a hidden, deprecated alias (older scripts keep working). Applies to sub-commands too.
@@ -42,4 +49,4 @@ def snake_case_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-__all__ = ["EXIT_CODES_HELP", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "snake_case_options"]
+__all__ = ["EXIT_CODES_HELP", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "env_help", "snake_case_options"]

@@ -1,5 +1,6 @@
 """``llmgym``: look at environments and recorded episodes.
 
+llmgym list                                    # every id, its description and its baselines
 llmgym view episodes.jsonl                     # viewer window: board, reasoning, actions, reward per turn
 llmgym render episodes.jsonl --out ep.gif      # headless GIF/MP4 export of one episode
 llmgym play --env Sokoban                      # play an env yourself (short names or full ids)
@@ -16,7 +17,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, snake_case_options
+from llm_gym._cli import EXIT_CODES_HELP, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, env_help, snake_case_options
 from llm_gym.registration import resolve_env_id
 
 
@@ -333,11 +334,71 @@ def _report_problems(problems, path: str) -> int:
     return EXIT_OK
 
 
+#: ``llmgym list``'s default seeds: the evaluation seeds every command starts at (RAGEN's validation seeds).
+LIST_SEED, LIST_NUM_SEEDS = 123, 32
+
+
+def list_lines(env_ids: Sequence[str], seeds: Sequence[int] | None) -> Iterator[str]:
+    """``llmgym list``'s lines: each id with its one-line description (the registry's), then, when ``seeds`` is
+    given, its random valid-action and optimum baselines on those seeds (:func:`~llm_gym.agent.baselines.
+    baseline_success`, the numbers every evaluation prints beside a model's). An id whose default data is not
+    bundled (a hub data set) gets no baselines: computing them would start that download."""
+    from llm_gym.registration import ENVS
+
+    described = {e.id: e.description for e in ENVS}
+    width = max(len(e) for e in env_ids)
+    for env_id in env_ids:
+        yield f"{env_id:{width}s}  {described[env_id]}"
+        if seeds is None:
+            continue
+        yield f"{'':{width}s}    {_baselines(env_id, seeds)}"
+
+
+def _baselines(env_id: str, seeds: Sequence[int]) -> str:
+    from llm_gym.agent.baselines import baseline_success, format_baseline
+    from llm_gym.serve.protocol import external_data
+
+    missing = external_data(env_id)
+    if missing:
+        return f"baselines: n/a (its default {', '.join(missing)} is a hub data set; pass it as a kwarg)"
+    try:
+        b = baseline_success(env_id, seeds)
+    except Exception as e:  # an id that cannot be built with its defaults says what it needs
+        return f"baselines: n/a ({' '.join(str(e).split())[:200]})"
+    text = format_baseline(b) or "no baselines"
+    if b.get("random") is None and b.get("reason"):
+        text += f" ({b['reason']})"
+    return f"{text} (seeds {seeds[0]}..{seeds[-1]})"
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from llm_gym.registration import list_envs
+
+    if args.num_eval_seeds < 0 or args.eval_seed < 0:
+        raise UsageError("--eval_seed and --num_eval_seeds must be >= 0")
+    seeds = range(args.eval_seed, args.eval_seed + args.num_eval_seeds) if args.num_eval_seeds else None
+    for line in list_lines(list_envs(), seeds):
+        print(line, flush=True)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmgym", description="Look at llm-gym environments and episodes.", epilog=EXIT_CODES_HELP
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    ls = sub.add_parser("list", help="every environment id, its description and its baselines")
+    ls.add_argument(
+        "--eval_seed", type=int, default=LIST_SEED, help="first seed of the baselines (default: %(default)s)"
+    )
+    ls.add_argument(
+        "--num_eval_seeds",
+        type=int,
+        default=LIST_NUM_SEEDS,
+        help="seeds of the baselines (default: %(default)s; 0: ids and descriptions only)",
+    )
+    ls.set_defaults(func=_cmd_list)
 
     view = sub.add_parser("view", help="step through recorded episodes in a window")
     view.add_argument("file", help="episode records (JSONL)")
@@ -372,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(func=_cmd_render)
 
     play = sub.add_parser("play", help="play an environment yourself")
-    play.add_argument("--env", required=True, help="short name (Sokoban, FrozenLake, ...) or full id")
+    play.add_argument(
+        "--env", required=True, help=env_help("A family's short name, a variant's name or an id.")
+    )
     play.add_argument(
         "--seed", type=int, default=None, help="seed of the first episode (then +1 per episode)"
     )
@@ -385,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write solver (expert) or random valid-action episodes as a chat dataset (JSONL or Hugging Face "
         "datasets)",
     )
-    export.add_argument("--env", default=None, help="short name (Sokoban, FrozenLake, ...) or full id")
+    export.add_argument(
+        "--env", default=None, help=env_help("A family's short name, a variant's name or an id.")
+    )
     export.add_argument(
         "-o", "--out", default=None, help="output: a .jsonl file, or a folder with --format hf"
     )

@@ -366,15 +366,21 @@ def resolve_env_id(name: str) -> str:
             return env_id
     short_names = list(dict.fromkeys(_short_name(e) for e in list_envs()))
     # One line: the suggestion first, then one name per family rather than every id (list_envs() has them all).
-    first_of_family: dict[str, str] = {}
-    for entry in ENVS:
-        first_of_family.setdefault(entry.entry_point, _short_name(entry.id))
-    families = ", ".join(first_of_family.values())
+    families = ", ".join(family_names())
     raise ValueError(
         f"unknown environment {name!r}{_did_you_mean(bare, short_names)}; choose a short name such as "
         f"{families} (or one of their variants: {len(ENVS)} ids in llm_gym.list_envs()) "
         "or a registered Gymnasium id"
     )
+
+
+def family_names() -> list[str]:
+    """One short name per family, its first id's (``FrozenLake``, ``Bandit``, ...): what ``--env`` help and
+    error messages list (any id of :data:`ENVS` is accepted too)."""
+    first_of_family: dict[str, str] = {}
+    for entry in ENVS:
+        first_of_family.setdefault(entry.entry_point, _short_name(entry.id))
+    return list(first_of_family.values())
 
 
 def _short_name(env_id: str) -> str:

@@ -1,10 +1,12 @@
 """Write the environment cards (``docs/data/env_cards.json``) from the code: one card per family.
 
     python scripts/gen_env_cards.py             # regenerate every field the code decides; keep the throughput
+                                                #   (measured for a new family's card)
     python scripts/gen_env_cards.py --publish   # also measure the throughput (in process and through llmgym serve)
     python scripts/gen_env_cards.py --check     # exit 1 when a committed card is stale (what the test runs)
 
-What goes in a card: ``llm_gym.agent.cards``. The seeding check runs the card's episode in two processes with
+What goes in a card: ``llm_gym.agent.cards``; the organism line comes from the organism's recorded runs
+(``docs/data/organism_learning.json``). The seeding check runs the card's episode in two processes with
 different ``PYTHONHASHSEED`` and stops here if they differ. Throughput depends on the machine, so it is measured
 only with ``--publish`` and left out of ``--check``. The docs hook ``docs/hooks/env_cards.py`` renders each card
 where a family page writes ``<!-- env-card: FAMILY -->``; ``tests/test_env_cards.py`` fails when a card is stale.
@@ -34,11 +36,54 @@ _DIGESTS = (
 )
 
 
+#: The organism's recorded runs (``benchmarks/organism_learning.py --publish``) and the profile they ran.
+ORGANISM_DATA = ROOT / "docs" / "data" / "organism_learning.json"
+ORGANISM_PROFILES = ROOT / "trainer" / "profiles" / "organism"
+
+
+def _rate(s: dict[str, Any]) -> str:
+    return f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]"
+
+
+def organism_slot(env_id: str, data: dict[str, Any] | None = None) -> str | None:
+    """The card's organism line from the recorded run on ``env_id`` (None when there is none): whether the
+    organism learned it (success after RL above random valid's and the warm start's intervals, the run's own
+    verdict), after how many RL steps and training episodes (the profile's seeds x rollouts per step), and the
+    same policy on the family's other recorded ids (e.g. unseen arm pairs)."""
+    import yaml
+
+    from llm_gym.registration import env_family
+
+    data = json.loads(ORGANISM_DATA.read_text(encoding="utf-8")) if data is None else data
+    run = data.get("envs", {}).get(env_id, {}).get("grpo")
+    if not run or "rl_steps" not in run:
+        return None
+    profile = yaml.safe_load((ORGANISM_PROFILES / f"{env_family(env_id)}.yaml").read_text(encoding="utf-8"))
+    episodes = run["rl_steps"] * profile["num_prompts"] * profile["num_generations"]
+    verdict = "learns it" if run["learned"] else "does not learn it"
+    text = (
+        f"{verdict}: held-out success {_rate(run['after']['success'])} after {run['rl_steps']} GRPO steps "
+        f"({episodes:,} training episodes, after a {profile['warm_start_episodes']:,}-episode warm start at "
+        f"{_rate(run['warm_start']['success'])}); random valid {_rate(run['baselines']['random'])}"
+    )
+    for other, runs in data.get("envs", {}).items():
+        held = runs.get("grpo", {})
+        if other != env_id and env_family(other) == env_family(env_id) and "after" in held:
+            text += (
+                f"; {other.split('/', 1)[1]}: {_rate(held['after']['success'])}, random valid "
+                f"{_rate(held['baselines']['random'])} ({'learned' if held.get('learned') else 'not learned'})"
+            )
+    return f"{text} (`{run['command']}`, {data['date']})"
+
+
 def deterministic_cards() -> dict[str, dict[str, Any]]:
-    """Family -> the fields of its card the code decides (this process only)."""
+    """Family -> the fields of its card the code and its recorded runs decide (this process only)."""
     from llm_gym.agent.cards import card_ids, deterministic_card
 
-    return {family: deterministic_card(env_id) for family, env_id in card_ids().items()}
+    cards = {family: deterministic_card(env_id) for family, env_id in card_ids().items()}
+    for card in cards.values():
+        card["organism"] = organism_slot(card["env_id"]) or card["organism"]
+    return cards
 
 
 def digests_in_subprocesses(env_ids: list[str]) -> list[dict[str, str]]:
@@ -131,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         old = committed.get("cards", {}).get(family, {})
-        if args.publish:
-            card["throughput"] = throughput(env_id)
-        elif old.get("env_id") == env_id and "throughput" in old:
+        if not args.publish and old.get("env_id") == env_id and "throughput" in old:
             card["throughput"] = old["throughput"]
+        else:  # --publish, or a new family's card (no throughput to keep)
+            card["throughput"] = throughput(env_id)
     out = {
         "generator": "scripts/gen_env_cards.py",
         "cards": fresh,

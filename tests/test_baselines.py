@@ -201,7 +201,7 @@ def test_llmgym_eval_reports_the_baseline_and_success_among_valid(tmp_path, caps
 
     tiny = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "ev"
-    args = ["--model", tiny, "--env", "Bandit", "--num_seeds", "6", "--max_new_tokens", "4"]
+    args = ["--model", tiny, "--env", "Bandit", "--num_eval_seeds", "6", "--max_new_tokens", "4"]
     assert main([*args, "--output_dir", str(out), "--no-progress", "--device", "cpu"]) == 0
     table = capsys.readouterr().out
     assert "random valid" in table and "succ|valid" in table

@@ -174,7 +174,17 @@ def test_openai_policy_end_to_end(serve, tmp_path, capsys):
     server = serve(openai_like)
     out_dir = tmp_path / "ev"
     args = ["--endpoint", server.url, "--model", "served-model", "--env", "FrozenLakeDeterministic", "Bandit"]
-    args += ["--num_seeds", "2", "-n", "2", "--output_dir", str(out_dir), "--no_progress", "--api_key", "k"]
+    args += [
+        "--num_eval_seeds",
+        "2",
+        "-n",
+        "2",
+        "--output_dir",
+        str(out_dir),
+        "--no_progress",
+        "--api_key",
+        "k",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "FrozenLakeDeterministic-v0" in printed and "Bandit-v0" in printed
@@ -430,7 +440,7 @@ def test_api_key_is_never_printed_logged_or_recorded(serve, tmp_path, capsys, ca
     assert SECRET not in str(e.value) and "***" in str(e.value)
     assert SECRET not in repr(policy) and SECRET not in str(vars(policy))
     out_dir = tmp_path / "ev"
-    args = ["--endpoint", server.url, "--model", "served-model", "--env", "Bandit", "--num_seeds", "2"]
+    args = ["--endpoint", server.url, "--model", "served-model", "--env", "Bandit", "--num_eval_seeds", "2"]
     assert main([*args, "--output_dir", str(out_dir), "--no_progress", "--api_key", SECRET]) == 0
     captured = capsys.readouterr()
     texts = [captured.out, captured.err, caplog.text] + [
@@ -442,7 +452,7 @@ def test_api_key_is_never_printed_logged_or_recorded(serve, tmp_path, capsys, ca
 
 
 def test_cli_endpoint_errors_are_one_line(serve, tmp_path, capsys):
-    base = ["--env", "FrozenLake", "--num_seeds", "1", "--output_dir", str(tmp_path), "--no_progress"]
+    base = ["--env", "FrozenLake", "--num_eval_seeds", "1", "--output_dir", str(tmp_path), "--no_progress"]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"

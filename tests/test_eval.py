@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 from hypothesis import given
@@ -148,7 +149,7 @@ def test_default_seeds_are_validation_seeds_not_training_seeds():
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from llm_gym.trainer.evaluate import build_parser
 
-    start = build_parser().parse_args(["--model", "m"]).seed_start
+    start = build_parser().parse_args(["--model", "m"]).eval_seed
     defaults = {f.name: f.default for f in LLMGymGRPOConfig.__dataclass_fields__.values()}
     assert start == defaults["eval_seed"] == 123 and start != defaults["train_seed"]
 
@@ -194,12 +195,62 @@ def test_eval_flags_are_snake_case_with_hidden_dashed_aliases(capsys):
 
     parser = build_parser()
     help_text = parser.format_help()
-    assert "--num_seeds" in help_text and "--num-seeds" not in help_text and "exit codes" in help_text
-    new = parser.parse_args(["--model", "m", "--num_seeds", "3", "--samples_per_seed", "2", "-o", "d"])
-    old = parser.parse_args(
-        ["--model", "m", "--num-seeds", "3", "--samples-per-seed", "2", "--output-dir", "d"]
+    assert (
+        "--num_eval_seeds" in help_text and "--num-eval-seeds" not in help_text and "exit codes" in help_text
     )
-    assert vars(new) == vars(old) and new.num_seeds == 3 and new.output_dir == "d"
+    new = parser.parse_args(["--model", "m", "--num_eval_seeds", "3", "--samples_per_seed", "2", "-o", "d"])
+    old = parser.parse_args(
+        ["--model", "m", "--num-eval-seeds", "3", "--samples-per-seed", "2", "--output-dir", "d"]
+    )
+    assert vars(new) == vars(old) and new.num_eval_seeds == 3 and new.output_dir == "d"
+
+
+@pytest.mark.parametrize(
+    "old, new, value",
+    [
+        ("--seed_start", "--eval_seed", "7"),
+        ("--seed-start", "--eval_seed", "7"),
+        ("--num_seeds", "--num_eval_seeds", "3"),
+        ("--num-seeds", "--num_eval_seeds", "3"),
+        ("--overwrite", "--overwrite_output_dir", None),
+    ],
+)
+def test_old_eval_flag_names_warn_and_work(old, new, value, capsys):
+    """The names llmgym-eval used before the shared options are deprecated aliases: same result, one line on
+    stderr naming the new flag, hidden from --help."""
+    from llm_gym.trainer.evaluate import build_parser
+
+    parser = build_parser()
+    given = [old] if value is None else [old, value]
+    current = [new] if value is None else [new, value]
+    via_old = parser.parse_args(["--model", "m", *given])
+    err = capsys.readouterr().err
+    assert f"llmgym-eval: {old} is deprecated" in err and f"use {new} " in err
+    via_new = parser.parse_args(["--model", "m", *current])
+    assert "deprecated" not in capsys.readouterr().err
+    assert vars(via_old) == vars(via_new) != vars(parser.parse_args(["--model", "m"]))
+    assert not re.search(re.escape(old) + r"\b(?![_-])", parser.format_help())
+
+
+def test_deprecated_overwrite_still_excludes_resume(capsys):
+    from llm_gym.trainer.evaluate import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--resume", "--overwrite"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_eval_turn_limits_are_env_kwargs_as_in_training(tmp_path, capsys):
+    """--max_turns and the other limits of llmgym-train work in llmgym-eval too; --env_kwargs wins over them."""
+    from llm_gym.trainer.evaluate import _check_args, build_parser
+
+    parse = build_parser().parse_args
+    _, kw, _ = _check_args(parse(["--model", "m", "--env", "Bandit", "--max_turns", "3", "--think", "false"]))
+    assert kw == {"max_turns": 3, "think": False}
+    _, kw, _ = _check_args(parse(["--model", "m", "--max_turns", "3", "--env_kwargs", '{"max_turns": 2}']))
+    assert kw == {"max_turns": 2}
+    assert main(["--model", "m", "--max_turns", "0", "-o", str(tmp_path)]) == 2
+    assert "max_turns must be a positive integer" in capsys.readouterr().err
 
 
 def test_summary_and_table():
@@ -260,7 +311,7 @@ def test_hf_policy_batched_matches_single(tiny_dir):
 
 def test_hf_eval_on_tiny_model(tiny_dir, tmp_path, capsys):
     out_dir = tmp_path / "ev"
-    args = ["--model", tiny_dir, "--env", "FrozenLake", "--num-seeds", "2", "--max-new-tokens", "8"]
+    args = ["--model", tiny_dir, "--env", "FrozenLake", "--num-eval-seeds", "2", "--max-new-tokens", "8"]
     args += ["--output-dir", str(out_dir), "--no-progress", "--device", "cpu"]
     assert main(args) == 0
     summary = json.loads((out_dir / SUMMARY_FILE).read_text())
@@ -269,6 +320,6 @@ def test_hf_eval_on_tiny_model(tiny_dir, tmp_path, capsys):
     records = read_records(out_dir / EPISODES_FILE)
     assert sorted(r.seed for r in records) == [123, 124]  # RAGEN validation seeds, not training seeds
     assert all(r.meta["eval"]["model"] == tiny_dir for r in records)
-    assert main(args) == 2  # the file exists: refuse without --resume / --overwrite
+    assert main(args) == 2  # the file exists: refuse without --resume / --overwrite_output_dir
     assert main([*args, "--resume"]) == 0
     assert len(read_records(out_dir / EPISODES_FILE)) == 2  # nothing replayed

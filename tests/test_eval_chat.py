@@ -111,7 +111,15 @@ def test_eval_chat_flags_default_to_the_trained_runs_and_enter_the_fingerprint(t
     saved = {"env": "llmgym/Bandit-v0", "chat_style": "ragen", "system_prompt": "S.", "reward_feedback": True}
     (model / "llmgym_run.json").write_text(json.dumps({**saved, "one_shot_example": False}))
     out = tmp_path / "ev"
-    common = ["--model", str(model), "--env", "FrozenLakeDeterministic", "--num_seeds", "1", "--no_progress"]
+    common = [
+        "--model",
+        str(model),
+        "--env",
+        "FrozenLakeDeterministic",
+        "--num_eval_seeds",
+        "1",
+        "--no_progress",
+    ]
     common += ["--max_new_tokens", "4", "--env_kwargs", '{"max_turns": 1}', "--output_dir", str(out)]
     assert main(common) == 0
     assert "chat settings of the trained run" in capsys.readouterr().err

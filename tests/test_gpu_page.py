@@ -166,7 +166,7 @@ def _eval(args: list[str], tiny_dir: Path, tmp_path: Path, capsys) -> str:
     def value(flag: str) -> str:
         return args[args.index(flag) + 1]
 
-    replaced = {"--model": str(tiny_dir), "--num_seeds": "2"}
+    replaced = {"--model": str(tiny_dir), "--num_eval_seeds": "2"}
     args = [replaced.get(args[i - 1], a) if i else a for i, a in enumerate(args)]
     assert main([*args, "--max_new_tokens", "8", "--no_progress"]) == 0, capsys.readouterr().err[-2000:]
     assert (tmp_path / value("--output_dir") / "summary.json").is_file()

@@ -335,7 +335,16 @@ def scripted_eval(monkeypatch):
 
 
 def _eval_args(out: Path) -> list[str]:
-    return ["--model", "scripted", "--env", "FrozenLakeDeterministic", "--num_seeds", "3", "-o", str(out)]
+    return [
+        "--model",
+        "scripted",
+        "--env",
+        "FrozenLakeDeterministic",
+        "--num_eval_seeds",
+        "3",
+        "-o",
+        str(out),
+    ]
 
 
 def test_eval_resume_repairs_a_torn_last_line(tmp_path, capsys, scripted_eval):

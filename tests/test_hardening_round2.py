@@ -82,7 +82,8 @@ def test_n1_train_and_eval_refuse_a_linked_lock_in_one_line(tiny_dir, tmp_path, 
     (run / LOCK_FILE).symlink_to(victim)
     monkeypatch.setattr(ev, "make_policy", lambda a: pytest.fail("the model must not load"))
     assert (
-        ev.main(["--model", "m", "--env", "Bandit", "--num_seeds", "1", "-o", str(run), "--no_progress"]) == 1
+        ev.main(["--model", "m", "--env", "Bandit", "--num_eval_seeds", "1", "-o", str(run), "--no_progress"])
+        == 1
     )
     monkeypatch.setattr(train_cli, "run", lambda *a: pytest.fail("the model must not load"))
     assert (
@@ -117,7 +118,15 @@ def test_n10_eval_resume_refuses_a_linked_records_file(tmp_path, capsys, monkeyp
 
     good = "<think>x</think><answer>Right</answer>"
     monkeypatch.setattr(ev, "make_policy", lambda a: (lambda batch: [good] * len(batch), "scripted"))
-    args = ["--model", "scripted", "--env", "FrozenLakeDeterministic", "--num_seeds", "2", "--no_progress"]
+    args = [
+        "--model",
+        "scripted",
+        "--env",
+        "FrozenLakeDeterministic",
+        "--num_eval_seeds",
+        "2",
+        "--no_progress",
+    ]
     assert ev.main([*args, "-o", str(tmp_path / "first")]) == 0
     other = tmp_path / "OTHER.jsonl"
     shutil.copy(tmp_path / "first" / "episodes.jsonl", other)
@@ -220,7 +229,7 @@ def test_n2_real_size_seven_megabyte_replies_render_and_resume(tmp_path, monkeyp
         "FrozenLake",
         "--env_kwargs",
         '{"max_turns": 5}',
-        "--num_seeds",
+        "--num_eval_seeds",
         "1",
     ]
     out = tmp_path / "out"
@@ -410,7 +419,7 @@ def test_n6_check_template_train_and_eval_say_one_line(tiny_dir, tmp_path, capsy
                 str(model),
                 "--env",
                 "Bandit",
-                "--num_seeds",
+                "--num_eval_seeds",
                 "1",
                 "-o",
                 str(tmp_path / "ev"),
@@ -546,8 +555,8 @@ def test_n9_eval_keeps_no_texts_for_its_summary(tmp_path, monkeypatch):
         "-o",
         str(tmp_path / "o"),
     ]
-    assert ev.main([*args, "--num_seeds", "2"]) == 0
-    assert ev.main([*args, "--num_seeds", "3", "--resume"]) == 0  # two resumed, one played
+    assert ev.main([*args, "--num_eval_seeds", "2"]) == 0
+    assert ev.main([*args, "--num_eval_seeds", "3", "--resume"]) == 0  # two resumed, one played
     assert len(seen) == 5 and all(t.response == "" for r in seen for t in r.turns)
 
 

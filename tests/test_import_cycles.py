@@ -1,26 +1,43 @@
-"""No import cycles among the modules of ``llm_gym/``: every import, at module level or inside a function, points
+"""No import cycles among the modules of ``llm_gym`` as installed (``llm_gym/``, and ``trainer/`` as
+``llm_gym.trainer``): every import, at module level or inside a function, points
 one way (a cycle that only works because one side imports lazily is still a knot a reader has to untie)."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "llm_gym"
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
+def package_dirs() -> dict[str, Path]:
+    """pyproject.toml's ``package-dir``: installed package -> repository folder (``llm_gym.trainer`` -> trainer/)."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return {name: ROOT / folder for name, folder in data["tool"]["setuptools"]["package-dir"].items()}
+
+
+def _module_name(path: Path, folder: Path, name: str) -> str:
+    parts = (*name.split("."), *path.relative_to(folder).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports (explicitly named; a submodule imported with ``from pkg
-    import sub`` counts as ``pkg.sub``). Imports of other packages, and of the installed-only ``llm_gym.trainer``,
-    are left out."""
+def import_graph(package: Path | dict[str, Path] = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (explicitly named; a submodule imported with ``from pkg
+    import sub`` counts as ``pkg.sub``). ``package``: one folder (named after itself), or installed name ->
+    folder for a package whose sub-packages live in other folders. Imports of other packages are left out."""
+    roots = {package.name: package} if isinstance(package, Path) else package
     files = {
-        _module_name(p, package.parent): p for p in package.rglob("*.py") if "__pycache__" not in p.parts
+        _module_name(p, folder, name): p
+        for name, folder in roots.items()
+        for p in folder.rglob("*.py")
+        if "__pycache__" not in p.parts
     }
     graph: dict[str, set[str]] = {m: set() for m in files}
     for module, path in files.items():
@@ -81,7 +98,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_in_llm_gym():
-    found = cycles(import_graph())
+    graph = import_graph(package_dirs())
+    assert "llm_gym.trainer.cli" in graph and "llm_gym.trainer.defaults" in graph["llm_gym.trainer.cli"]
+    found = cycles(graph)
     assert not found, "import cycles (move the shared code to a module both can import):\n" + "\n".join(
         " <-> ".join(c) for c in found
     )
@@ -99,3 +118,18 @@ def test_the_cycle_check_sees_lazy_and_relative_imports(tmp_path):
     assert graph["llm_gym.sub.a"] == {"llm_gym.sub.b"} and graph["llm_gym.sub.b"] == {"llm_gym.sub.a"}
     assert graph["llm_gym.c"] == {"llm_gym.sub"}
     assert cycles(graph) == [["llm_gym.sub.a", "llm_gym.sub.b"]]
+
+
+def test_the_cycle_check_follows_a_mapped_folder(tmp_path):
+    """A sub-package installed from another folder (trainer/ as llm_gym.trainer) is part of the graph."""
+    (tmp_path / "llm_gym").mkdir()
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "llm_gym" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "cli.py").write_text("from llm_gym.trainer.warm_start import run\nEVAL = 1\n")
+    (tmp_path / "trainer" / "warm_start.py").write_text(
+        "def run():\n    from llm_gym.trainer.cli import EVAL\n"
+    )
+    graph = import_graph({"llm_gym": tmp_path / "llm_gym", "llm_gym.trainer": tmp_path / "trainer"})
+    assert graph["llm_gym.trainer.cli"] == {"llm_gym.trainer.warm_start"}
+    assert cycles(graph) == [["llm_gym.trainer.cli", "llm_gym.trainer.warm_start"]]

@@ -172,7 +172,7 @@ def test_llmgym_eval_runs_on_a_saved_adapter(tiny_dir, tmp_path, capsys):
         str(adapter),
         "--env",
         "FrozenLake",
-        "--num_seeds",
+        "--num_eval_seeds",
         "1",
         "--env_kwargs",
         '{"max_turns": 1}',

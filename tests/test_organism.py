@@ -93,7 +93,7 @@ def test_every_cli_accepts_the_name(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(organism, "CORPUS_EPISODES", 10)
     rc = evaluate.main(
-        ["--model", "organism-s", "--env", "Bandit", "--num_seeds", "4", "--max_new_tokens", "4",
+        ["--model", "organism-s", "--env", "Bandit", "--num_eval_seeds", "4", "--max_new_tokens", "4",
          "--output_dir", str(tmp_path / "eval0"), "--no_progress"]
     )  # fmt: skip
     assert rc == 0 and (tmp_path / "eval0" / "summary.json").is_file()
@@ -107,7 +107,7 @@ def test_every_cli_accepts_the_name(tmp_path, monkeypatch):
     final = tmp_path / "sft" / "final"
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
     rc = evaluate.main(
-        ["--model", str(final), "--env", "Bandit", "--num_seeds", "4", "--max_new_tokens", "4",
+        ["--model", str(final), "--env", "Bandit", "--num_eval_seeds", "4", "--max_new_tokens", "4",
          "--output_dir", str(tmp_path / "eval1"), "--no_progress"]
     )  # fmt: skip
     assert rc == 0

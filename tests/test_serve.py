@@ -827,7 +827,9 @@ def test_eval_refuses_a_batch_the_server_cannot_hold_before_the_model_loads(rage
         "--env_url",
         ragen_server.url,
     ]
-    assert main([*argv, "--batch_size", "6", "--num_seeds", "10", "--output_dir", str(tmp_path / "o")]) == 2
+    assert (
+        main([*argv, "--batch_size", "6", "--num_eval_seeds", "10", "--output_dir", str(tmp_path / "o")]) == 2
+    )
     err = capsys.readouterr().err
     assert "plays up to 6 episodes at once" in err and "--max_sessions 6" in err
     assert not (tmp_path / "o").exists()

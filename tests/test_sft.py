@@ -352,7 +352,7 @@ def test_llmgym_sft_end_to_end_moves_weights_and_output_is_a_model(tiny_dir, tmp
     from llm_gym.trainer.evaluate import main as eval_main
 
     ev = tmp_path / "ev"
-    rc = eval_main(["--model", str(out / "final"), "--env", FL, "--env_kwargs", json.dumps(FL_KW), "--num_seeds", "2",
+    rc = eval_main(["--model", str(out / "final"), "--env", FL, "--env_kwargs", json.dumps(FL_KW), "--num_eval_seeds", "2",
                     "--max_new_tokens", "8", "--output_dir", str(ev), "--no_progress"])  # fmt: skip
     assert rc == 0
     assert "chat settings of the trained run" in capsys.readouterr().err

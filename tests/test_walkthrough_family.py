@@ -26,7 +26,7 @@ from llm_gym.registration import EnvEntry, make_env, resolve_env_id
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
 ENV_ID = "llmgym/Corridor-v0"
-PACKAGE = "llmgym_walkthrough_corridor"  # stands in for llm_gym.envs.corridor
+PACKAGE = "llmgym_walkthrough.corridor"  # stands in for llm_gym.envs.corridor (same family name: corridor)
 
 
 def _block(first_line: str) -> str:
@@ -40,8 +40,9 @@ def _block(first_line: str) -> str:
 def corridor(tmp_path_factory):
     """The walkthrough's family as a package on sys.path, its ENVS line in the table, its id registered."""
     root = tmp_path_factory.mktemp("family")
-    pkg = root / PACKAGE
-    pkg.mkdir()
+    pkg = root / PACKAGE.replace(".", "/")
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("", encoding="utf-8")
     (pkg / "env.py").write_text(_block("# llm_gym/envs/corridor/env.py"), encoding="utf-8")
     (pkg / "__init__.py").write_text(_block("# llm_gym/envs/corridor/__init__.py"), encoding="utf-8")
     # The guide's one registration line, EnvEntry(<constants>) inside ENVS, read without executing it.
@@ -59,7 +60,7 @@ def corridor(tmp_path_factory):
         mp.undo()
         gym.registry.pop(ENV_ID, None)
         sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m.startswith(PACKAGE)]:
+        for name in [m for m in sys.modules if m.startswith(PACKAGE.split(".")[0])]:
             del sys.modules[name]
 
 
@@ -157,3 +158,137 @@ def test_chat_formats_render_the_family(corridor, style):
     system = conv.messages()[0]["content"]
     assert "Walk to the exit E" in system  # its instructions (RAGEN's layout has no text of its own for it)
     assert obs in conv.messages()[-1]["content"]
+
+
+# ------------------------------------------------------------------------- the README and the commands
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_readme_regenerated_with_the_family_has_its_row_and_fits_the_cap(corridor):
+    """Step 5's `python scripts/gen_readme.py`: the family gets one row and README stays under its byte cap."""
+    gen = _script("gen_readme")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    new = gen.render(readme)
+    rows = [r for r in new.splitlines() if "(docs/envs/corridor.md)" in r]
+    assert rows == ["| [Corridor](docs/envs/corridor.md) | `Corridor-v0` |"]
+    assert new.replace(rows[0] + "\n", "") == readme  # nothing else changes
+    assert len(new.encode("utf-8")) <= gen.MAX_BYTES
+
+
+def test_any_registered_id_works_as_env_without_extra_flags(corridor, capsys):
+    """`--env Corridor` in llmgym-train (no profile of its own), llmgym-eval and llmgym list, and the
+    family in --env's help."""
+    pytest.importorskip("trl")
+    from llm_gym.trainer import evaluate
+    from llm_gym.trainer.resolve import resolve_config
+
+    from llm_gym.cli import main as llmgym
+
+    config, meta = resolve_config(["--env", "Corridor"], gpu=False, log=lambda *_: None)
+    assert (
+        config.env == ENV_ID and meta["profile"] == "recommended"
+    )  # a profile without corridor.yaml: skipped
+    make_env(ENV_ID, config.make_env_kwargs()).close()  # the CPU layer's limits fit the new family
+    args = evaluate.build_parser().parse_args(["--model", "m", "--env", "Corridor", "--max_turns", "2"])
+    env_ids, env_kwargs, _ = evaluate._check_args(args)
+    assert env_ids == [ENV_ID] and env_kwargs == {"max_turns": 2}
+    assert "Corridor." in " ".join(evaluate.build_parser()._option_string_actions["--env"].help.split())
+    assert llmgym(["list", "--num_eval_seeds", "4"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^{ENV_ID} +{re.escape(corridor['entry'].description)}$", out, flags=re.M)
+    assert "optimum 1.000" in out.split(ENV_ID, 1)[1].splitlines()[1]
+
+
+#: What a contributor runs after the walkthrough's steps: the generators it names, then the tests that read
+#: every id or family (the env contract on the new id; the others whole).
+CONTRIBUTOR_COMMANDS = (
+    ["scripts/gen_readme.py"],
+    ["scripts/gen_env_cards.py"],
+    ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_env_contract.py", "-k", "Corridor"],
+    [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_readme.py",
+        "tests/test_registration.py",
+        "tests/test_family_knowledge.py",
+        "tests/test_env_cards.py",
+        "tests/test_import_cycles.py",
+    ],
+)
+#: The repository's parts a contributor's checkout needs for those commands (trainer/ is read as files by the
+#: static tests; the imported trainer/ and assets/ stay the installed ones).
+CHECKOUT = (
+    "llm_gym",
+    "trainer",
+    "tests",
+    "docs",
+    "scripts",
+    ".ci",
+    "README.md",
+    "CONTRIBUTING.md",
+    "mkdocs.yml",
+    "pyproject.toml",
+    "setup.py",
+)
+
+
+def _docs_page() -> str:
+    """Step 5's page, as the guide describes it: the rules, the ids, the reward table and the card."""
+    return (
+        "# Corridor\n\nWalk right along a one-row corridor to the exit `E`.\n\n"
+        f"| id | what it is |\n|---|---|\n| `{ENV_ID}` | walk right to the corridor's exit |\n\n"
+        f"<!-- reward-table: {ENV_ID} -->\n\n<!-- env-card: corridor -->\n"
+    )
+
+
+@pytest.mark.slow  # a checkout copy, the card generator (a served throughput run) and five test files: ~40 s
+def test_the_walkthrough_in_a_checkout_passes_what_a_contributor_runs(tmp_path):
+    """The six files of the walkthrough written into a copy of the repository as the guide says (the package,
+    the ENVS line, the docs page, README regenerated), then the generators and tests a contributor runs."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    for name in CHECKOUT:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__", "site"))
+        else:
+            shutil.copy2(src, repo / name)
+    family = repo / "llm_gym" / "envs" / "corridor"
+    family.mkdir()
+    for first in ("# llm_gym/envs/corridor/env.py", "# llm_gym/envs/corridor/__init__.py"):
+        code = re.findall(r"```python\n(.*?)```", GUIDE, flags=re.S)
+        (block,) = [b for b in code if b.startswith(first + "\n")]
+        (family / first.rsplit("/", 1)[1]).write_text(block, encoding="utf-8")
+    guide = _block("# llm_gym/registration.py").replace(
+        PACKAGE, "llm_gym.envs.corridor"
+    )  # the page's own text
+    (line,) = [ln for ln in guide.splitlines() if ln.strip().startswith("EnvEntry(")]
+    registration_py = repo / "llm_gym" / "registration.py"
+    text = registration_py.read_text(encoding="utf-8")
+    head, sep, rest = text.partition("ENVS: tuple[EnvEntry, ...] = (\n")
+    end = rest.index("\n)\n")
+    registration_py.write_text(f"{head}{sep}{rest[:end]}\n{line}{rest[end:]}", encoding="utf-8")
+    (repo / "docs" / "envs" / "corridor.md").write_text(_docs_page(), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    for command in CONTRIBUTOR_COMMANDS:
+        out = subprocess.run(
+            [sys.executable, *command], cwd=repo, env=env, capture_output=True, text=True, timeout=900
+        )
+        failed = [ln for ln in out.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        assert out.returncode == 0, (command, failed, out.stdout[-3000:], out.stderr[-3000:])
+        if "pytest" in command:
+            assert " passed" in out.stdout and "error" not in out.stdout.splitlines()[-1], out.stdout[-500:]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert "| [Corridor](docs/envs/corridor.md) | `Corridor-v0` |" in readme
+    cards = json.loads((repo / "docs" / "data" / "env_cards.json").read_text(encoding="utf-8"))["cards"]
+    assert cards["corridor"]["env_id"] == ENV_ID and cards["corridor"]["throughput"]["served_steps_per_s"] > 0

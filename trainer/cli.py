@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llm_gym.trainer.defaults import EVAL_REPORT_FILE
 from llm_gym.trainer.flags import build_parser
 from llm_gym.trainer.resolve import ConfigError, has_gpu, resolve_config
 
@@ -48,10 +49,6 @@ def _eval_summary(metrics: dict[str, Any]) -> str:
         if value is not None:
             parts.append(f"{label} {_num(value)}")
     return ", ".join(parts) or "no metrics"
-
-
-#: Written to output_dir after the before/after evaluation: baselines and success among valid answers.
-EVAL_REPORT_FILE = "eval_report.json"
 
 
 def _eval_report(config: Any) -> dict[str, Any]:

@@ -32,7 +32,6 @@ string fields live in :mod:`llm_gym.trainer.defaults`, which imports nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -43,7 +42,6 @@ from llm_gym.trainer import gradient_analysis, snr_filter
 from llm_gym.trainer.defaults import (
     CRITIC_MODELS,
     EPISODES_FILE,
-    EVAL_SEED,
     EVAL_TEMPERATURE,
     FILTER_DROPS,
     FILTER_LOSS_SCALINGS,
@@ -60,189 +58,25 @@ from llm_gym.trainer.defaults import (
     WARM_START_SEED,
 )
 from llm_gym.trainer.lora import LoRAFieldTypes, lora_arguments
+from llm_gym.trainer.options import (  # the groups the three commands share, re-exported here with the rest
+    EnvArguments,
+    EvalSeedArguments,
+    ModelArguments,
+    PromptArguments,
+)
+from llm_gym.trainer.options import nonnegative_int as _nonnegative_int
+from llm_gym.trainer.options import positive_int as _positive_int
 from trl import GRPOConfig, SFTConfig
 
-from llm_gym.agent.chat import (
-    CHAT_SETTINGS,
-    CHAT_STYLES,
-    DEFAULT_SYSTEM_PROMPT,
-    DEMONSTRATIONS,
-    ChatFormat,
-    chat_format_from_settings,
-)
 from llm_gym.core.checks import is_int, is_number
 
 logger = logging.getLogger(__name__)
-
-
-def _positive_int(value: Any) -> bool:
-    return is_int(value, numpy=False) and value >= 1
-
-
-def _nonnegative_int(value: Any) -> bool:
-    return is_int(value, numpy=False) and value >= 0
 
 
 def _finite(name: str, value: Any) -> float:
     if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
-
-
-# ------------------------------------------------------------------------------------------ model weights
-@dataclass
-class ModelArguments:
-    """How the model's weights are held while training (see :mod:`llm_gym.trainer.precision`)."""
-
-    dtype: str = field(
-        default="float32",
-        metadata={
-            "help": "dtype the model is loaded in for training (TRL ModelConfig's name). float32 (default): "
-            "float32 master weights on every path; bf16=True then means bfloat16 autocast. bfloat16: opt-in "
-            "16-bit weights (half the memory), warned about where it loses updates: with no float32 copy "
-            "(one process, DDP) one AdamW step at lr 1e-6 changes 4 in 1,000 of SmolLM2-135M's elements (nearly all "
-            "on float32). "
-            "Under LoRA it "
-            "applies to the frozen base only (PEFT keeps the adapters in float32).",
-            "choices": ["float32", "bfloat16"],
-        },
-    )
-
-    def validate_model_args(self) -> None:
-        from llm_gym.trainer.precision import weight_dtype_of
-
-        self.dtype = weight_dtype_of(self)
-
-
-# ------------------------------------------------------------------------------------------ environment
-@dataclass
-class EnvArguments:
-    """Which environment is played, and its turn and action limits."""
-
-    env: str = field(
-        default="llmgym/FrozenLake-v0",
-        metadata={
-            "help": "Environment: a short name (FrozenLake, Sokoban, Bandit, Countdown, MetaMathQA) or an id."
-        },
-    )
-    env_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": "Extra gym.make kwargs as a dict or JSON string, e.g. '{\"size\": 6}'."},
-    )
-    max_turns: int | None = field(
-        default=None,
-        metadata={
-            "help": "LLM turns per episode; None keeps the environment's default (RAGEN-2: 5 for grid games)."
-        },
-    )
-    max_actions_per_turn: int | None = field(
-        default=None,
-        metadata={
-            "help": "Actions kept from one response; None keeps the environment's default (RAGEN-2: 2)."
-        },
-    )
-    max_actions: int | None = field(
-        default=None,
-        metadata={"help": "Actions executed per episode; None keeps the environment's default (10)."},
-    )
-    think: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Require <think>...</think> before <answer> (True), answer-only format (False), or the "
-            "environment's default (None)."
-        },
-    )
-    env_url: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Play the environment on `llmgym serve` servers instead of in-process: one URL, or several "
-            "(space- or comma-separated) that episodes use in turn. Same seeds, same episodes."
-        },
-    )
-
-    def _validate_env(self) -> None:
-        from llm_gym.registration import resolve_env_id
-
-        self.env = resolve_env_id(self.env)
-        if isinstance(self.env_kwargs, str):
-            try:
-                parsed = json.loads(self.env_kwargs) if self.env_kwargs.strip() else {}
-            except json.JSONDecodeError as e:
-                raise ValueError(f"env_kwargs must be a JSON object, got {self.env_kwargs!r}: {e}") from None
-            self.env_kwargs = parsed
-        if self.env_kwargs is None:
-            self.env_kwargs = {}
-        if not isinstance(self.env_kwargs, dict):
-            raise ValueError(f"env_kwargs must be a dict, got {type(self.env_kwargs).__name__}")
-        for name in ("max_turns", "max_actions_per_turn", "max_actions"):
-            value = getattr(self, name)
-            if value is not None and not _positive_int(value):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        from llm_gym.serve.protocol import parse_env_urls
-
-        self.env_url = parse_env_urls(self.env_url)
-
-    def make_env_kwargs(self) -> dict[str, Any]:
-        """gym.make kwargs: the turn/action limits plus ``env_kwargs`` (which win)."""
-        kwargs: dict[str, Any] = {}
-        for name in ("max_turns", "max_actions_per_turn", "max_actions", "think"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        kwargs.update(cast(dict, self.env_kwargs or {}))  # a dict once validated
-        return kwargs
-
-
-# ------------------------------------------------------------------------------------------ prompt
-@dataclass
-class PromptArguments:
-    """The chat the policy sees: system prompt, demonstration, feedback, template."""
-
-    system_prompt: str = field(
-        default=DEFAULT_SYSTEM_PROMPT,
-        metadata={"help": "Sentence opening the system message (instructions follow)."},
-    )
-    one_shot_example: bool = field(
-        default=False,
-        metadata={
-            "help": "Show one demonstration turn (example state + well-formed answer) after the system message."
-        },
-    )
-    demonstration: str = field(
-        default="action",
-        metadata={
-            "help": "What the demonstration (one_shot_example) answers: action (the env's example answer, a fixed "
-            "legal action such as Left: a constant policy a model can copy), solver (the solver's move for the "
-            "example's own state), several (three example states with different solver moves) or placeholder "
-            "(an answer that is no legal action).",
-            "choices": list(DEMONSTRATIONS),
-        },
-    )
-    include_instructions: bool = field(
-        default=True,
-        metadata={
-            "help": "Append the environment's instructions (rules, symbols, actions, answer format) to the system "
-            "message. False makes every prompt shorter; a model that learned the task (a warm start) needs no rules."
-        },
-    )
-    reward_feedback: bool = field(
-        default=False, metadata={"help": "Show the previous turn's reward each turn."}
-    )
-    chat_template: str | None = field(
-        default=None, metadata={"help": "Path to a Jinja chat template that replaces the tokenizer's."}
-    )
-    chat_style: str = field(
-        default="llmgym",
-        metadata={
-            "help": "Chat text: llmgym (ours) or ragen (RAGEN's exact system/turn text, a Reward: line each turn, and "
-            "'<think>' appended to every generation prompt as untrained prompt tokens).",
-            "choices": list(CHAT_STYLES),
-        },
-    )
-
-    def chat_format(self) -> ChatFormat:
-        """The ``ChatFormat`` of training and in-training evaluation rollouts: always the full history, so the
-        trained sequence is the one that was sampled (``llmgym-eval --history_window`` can shorten it)."""
-        return chat_format_from_settings({name: getattr(self, name) for name in CHAT_SETTINGS})
 
 
 # ------------------------------------------------------------------------------------------ rollouts and seeds
@@ -294,14 +128,9 @@ class RolloutArguments:
 
 # ------------------------------------------------------------------------------------------ evaluation
 @dataclass
-class EvalArguments:
+class EvalArguments(EvalSeedArguments):
     """In-training evaluation on fixed seeds (``eval_seed .. eval_seed + num_eval_seeds - 1``)."""
 
-    eval_seed: int = field(default=EVAL_SEED, metadata={"help": "First validation seed (RAGEN: 123)."})
-    num_eval_seeds: int = field(
-        default=64,
-        metadata={"help": "Fixed validation seeds eval_seed .. eval_seed + n - 1 (0 = no evaluation)."},
-    )
     eval_temperature: float = field(
         default=EVAL_TEMPERATURE, metadata={"help": "Sampling temperature in evaluation (RAGEN-2: 0.5)."}
     )
@@ -781,13 +610,6 @@ class EarlyStopArguments:
 
 
 # ------------------------------------------------------------------------------------------ warm start (SFT)
-def _check_eval_range(eval_seed: Any, num_eval_seeds: Any) -> None:
-    if not _nonnegative_int(eval_seed):
-        raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
-    if not _nonnegative_int(num_eval_seeds):
-        raise ValueError(f"num_eval_seeds must be a non-negative integer, got {num_eval_seeds!r}")
-
-
 def check_format_loss_weight(name: str, value: Any) -> None:
     """A format-token loss weight must be a finite number in (0, 1]: 0 would never teach the format."""
     if not (is_number(value) and math.isfinite(value) and 0.0 < value <= 1.0):
@@ -795,8 +617,9 @@ def check_format_loss_weight(name: str, value: Any) -> None:
 
 
 @dataclass
-class SFTDataArguments:
-    """What ``llmgym-sft`` trains on, and the evaluation seeds its data must not overlap."""
+class SFTDataArguments(EvalSeedArguments):
+    """What ``llmgym-sft`` trains on, and the evaluation seeds its data must not overlap (a data row with a seed in
+    ``eval_seed .. eval_seed + num_eval_seeds - 1`` is refused: training on the test boards)."""
 
     data: str | None = field(
         default=None,
@@ -804,16 +627,6 @@ class SFTDataArguments:
             "help": "llmgym export output: a JSONL file of chat rows, or a folder written with --format hf "
             "(datasets.save_to_disk). Loss on the assistant turns of each episode only."
         },
-    )
-    eval_seed: int = field(
-        default=EVAL_SEED,
-        metadata={
-            "help": "First evaluation seed the model will be judged on; a data row with a seed in eval_seed .. "
-            "eval_seed + num_eval_seeds - 1 is refused (training on the test boards)."
-        },
-    )
-    num_eval_seeds: int = field(
-        default=64, metadata={"help": "Evaluation seeds the data must not overlap (0 = no check)."}
     )
     format_loss_weight: float = field(
         default=1.0,
@@ -828,7 +641,7 @@ class SFTDataArguments:
     def validate_sft_data(self) -> None:
         if not self.data:
             raise ValueError("--data is required: llmgym export output (a JSONL file or a datasets folder)")
-        _check_eval_range(self.eval_seed, self.num_eval_seeds)
+        self.validate_eval_seeds()
         check_format_loss_weight("format_loss_weight", self.format_loss_weight)
 
 
@@ -960,12 +773,11 @@ class LLMGymGRPOConfig(
     )
 
     def __post_init__(self) -> None:
-        self._validate_env()
+        self.validate_env_args()
         self.validate_model_args()
         if not _positive_int(self.max_new_tokens):
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if self.num_eval_seeds < 0:
-            raise ValueError(f"num_eval_seeds must be >= 0, got {self.num_eval_seeds}")
+        self.validate_eval_seeds()
         if _finite("eval_temperature", self.eval_temperature) < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
         # Sampling divides the logits by the temperature: 0 gives inf / NaN probabilities mid-training.
@@ -1082,6 +894,7 @@ __all__ = [
     "EarlyStopArguments",
     "EnvArguments",
     "EvalArguments",
+    "EvalSeedArguments",
     "FilterArguments",
     "GradientAnalysisArguments",
     "LLMGymGRPOConfig",

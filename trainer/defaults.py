@@ -1,11 +1,14 @@
 """Defaults and choices that the trainer's config shares with commands that must not load torch.
 
 ``llmgym-eval`` and the evaluation policies use the same evaluation seed, temperature and token budget as
-``llmgym-train``; they import the numbers from here (this module imports nothing), and
+``llmgym-train``; they import the numbers from here (this module imports only the standard library), and
 :mod:`llm_gym.trainer.config` builds its fields from them, so each number is written once.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 # ------------------------------------------------------------------------------------------ shared defaults
 #: First validation seed (RAGEN's ``seed.val``), away from the training seeds.
@@ -22,11 +25,21 @@ MAX_NEW_TOKENS = 400
 DEFAULT_PROFILE = "recommended"
 #: Episode records file name (the :mod:`llm_gym.agent.records` JSONL the viewer reads).
 EPISODES_FILE = "episodes.jsonl"
+#: Written to output_dir after llmgym-train's before/after evaluation (and read by the warm start's report):
+#: baselines and success among valid answers.
+EVAL_REPORT_FILE = "eval_report.json"
 #: First seed of the warm start's data episodes: away from the training (10000..), evaluation (123..), the
 #: learning study's pilot (5000..) and held-out (200000..) seeds.
 WARM_START_SEED = 50_000
 #: Learning rate of supervised warm starts (pilots in docs/learning-study.md).
 SFT_LEARNING_RATE = 1e-4
+
+
+def cache_dir() -> Path:
+    """Where converted models (``smollm2``) and built organisms are kept (``$LLM_GYM_CACHE`` or
+    ``~/.cache/llm_gym``)."""
+    return Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache" / "llm_gym")).expanduser()
+
 
 # ------------------------------------------------------------------------------------------ choices
 # Allowed values of the config's string-valued fields (checked by the config's validation). The filter
@@ -48,6 +61,8 @@ __all__ = [
     "CRITIC_MODELS",
     "DEFAULT_PROFILE",
     "EPISODES_FILE",
+    "cache_dir",
+    "EVAL_REPORT_FILE",
     "EVAL_SEED",
     "EVAL_TEMPERATURE",
     "EVAL_TOP_P",

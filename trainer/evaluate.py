@@ -5,7 +5,7 @@ batched ``generate`` per turn, or a served model behind an OpenAI-compatible end
 to ``episodes.jsonl`` (the :mod:`llm_gym.agent.records` format the viewer reads) as soon as its batch ends, so an
 interrupted run continues with ``--resume``; ``summary.json`` holds the metrics and a table is printed.
 
-    llmgym-eval --model smollm2 --env FrozenLake Sokoban --num_seeds 32 --samples_per_seed 4
+    llmgym-eval --model smollm2 --env FrozenLake Sokoban --num_eval_seeds 32 --samples_per_seed 4
     llmgym-eval --endpoint http://localhost:8000/v1 --model Qwen/Qwen2.5-3B-Instruct --env Countdown
 """
 
@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,7 +37,7 @@ from llm_gym.agent.baselines import (  # wilson_interval re-exported: llmgym-eva
     outcome_summary,
     wilson_interval,
 )
-from llm_gym.agent.chat import CHAT_STYLES, DEFAULT_SYSTEM_PROMPT, DEMONSTRATIONS, ChatFormat
+from llm_gym.agent.chat import CHAT_STYLES, ChatFormat
 from llm_gym.agent.chat import chat_settings as chat_settings_of
 from llm_gym.agent.records import EpisodeRecord, iter_records, repair_torn_tail, write_records
 from llm_gym.registration import resolve_env_id
@@ -111,7 +111,7 @@ def load_done(
             diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
             raise ValueError(
                 f"{path} holds episodes evaluated with different settings ({', '.join(diff)}); "
-                "use another --output-dir or --overwrite"
+                "use another --output_dir or --overwrite_output_dir"
             )
         done[unit] = _light(rec)
     return done
@@ -232,7 +232,7 @@ def evaluate(
     done = load_done(output, fp, env_kwargs) if resume else {}
     if not resume and output.exists() and output.stat().st_size > 0:
         raise ValueError(
-            f"{output} already has episodes; pass --resume to continue it or --overwrite to replace it"
+            f"{output} already has episodes; pass --resume to continue it or --overwrite_output_dir to replace it"
         )
     units = plan_units(env_ids, seeds, samples)
     todo = [u for u in units if u not in done]
@@ -295,164 +295,197 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
+#: ``--help`` sections in order (the titles ``llmgym-train`` uses): title -> what they hold.
+HELP_GROUPS = {
+    "model": "The model played: a local transformers model, or one served behind an OpenAI-compatible endpoint.",
+    "environment": "Which environments are played, and their turn and action limits (as llmgym-train's).",
+    "evaluation": "The seeds, the samples per seed and the sampling.",
+    "prompt": "The chat the model sees (as llmgym-train's); unset ones come from the llmgym_run.json a trained "
+    "model's folder holds, else the defaults shown.",
+    "output": "The output folder: episodes.jsonl and summary.json.",
+}
+
+
+@dataclass
+class EvalOptions:
+    """``llmgym-eval``'s own options (the shared ones are :mod:`llm_gym.trainer.options`' fields), each declared
+    once: ``metadata`` holds the ``--help`` section (``group``) and the ``argparse`` keywords besides the default."""
+
+    model: str | None = field(
+        default=None,
+        metadata={
+            "group": "model",
+            "required": True,
+            "help": "Hub id, local folder, LoRA adapter folder (with adapter_config.json: loaded on its base model), "
+            "'smollm2' or an organism; with --endpoint: the served name.",
+        },
+    )
+    endpoint: str | None = field(
+        default=None,
+        metadata={
+            "group": "model",
+            "help": "OpenAI-compatible base URL (e.g. http://localhost:8000/v1) instead of a local model.",
+        },
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "group": "model",
+            "help": "Bearer token for --endpoint (default: $OPENAI_API_KEY, which keeps it out of the process "
+            "list); sent only to the endpoint's origin, never printed or recorded.",
+        },
+    )
+    concurrency: int = field(
+        default=16, metadata={"group": "model", "type": int, "help": "Parallel requests with --endpoint."}
+    )
+    timeout: float = field(
+        default=120.0,
+        metadata={
+            "group": "model",
+            "type": float,
+            "help": "Total seconds per HTTP request with --endpoint (connect to last byte; retried up to 3 times).",
+        },
+    )
+    device: str | None = field(
+        default=None,
+        metadata={
+            "group": "model",
+            "help": "Torch device for a local model (default: cuda if available, else cpu).",
+        },
+    )
+    seed: int = field(
+        default=0, metadata={"group": "model", "type": int, "help": "Torch sampling seed for a local model."}
+    )
+    batch_size: int = field(
+        default=32,
+        metadata={
+            "group": "model",
+            "type": int,
+            "help": "Episodes played together (one generate per turn).",
+        },
+    )
+    samples_per_seed: int = field(
+        default=1,
+        metadata={"group": "evaluation", "type": int, "help": "Episodes per seed (n for pass@k)."},
+    )
+    k: list[int] | None = field(
+        default=None,
+        metadata={
+            "group": "evaluation",
+            "type": int,
+            "nargs": "+",
+            "help": "pass@k values to report (default: 1 and n).",
+        },
+    )
+    temperature: float = field(
+        default=EVAL_TEMPERATURE,
+        metadata={
+            "group": "evaluation",
+            "type": float,
+            "help": f"Sampling temperature (RAGEN-2 eval: {EVAL_TEMPERATURE}; 0 = greedy).",
+        },
+    )
+    top_p: float = field(
+        default=EVAL_TOP_P,
+        metadata={"group": "evaluation", "type": float, "help": "Nucleus sampling (1 = off)."},
+    )
+    max_new_tokens: int = field(
+        default=MAX_NEW_TOKENS,
+        metadata={
+            "group": "evaluation",
+            "type": int,
+            "help": f"Tokens per reply (RAGEN: {MAX_NEW_TOKENS}).",
+        },
+    )
+    history_window: int | None = field(
+        default=None,
+        metadata={
+            "group": "prompt",
+            "type": int,
+            "help": "Show the model only the last k turns (default: the full history, as in training).",
+        },
+    )
+    output_dir: str = field(
+        default="llmgym_eval",
+        metadata={"group": "output", "help": "Where episodes.jsonl and summary.json go."},
+    )
+    no_progress: bool = field(
+        default=False, metadata={"group": "output", "action": "store_true", "help": "No progress bar."}
+    )
+
+
+#: Flags listed first in their ``--help`` section, in this order.
+COMMON = ("model", "endpoint", "dtype", "env", "env_kwargs", "env_url", "eval_seed", "num_eval_seeds")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """``llmgym-eval``'s parser: its :class:`EvalOptions` and the options it shares with ``llmgym-train`` and
+    ``llmgym-sft`` (:mod:`llm_gym.trainer.options`), in the :data:`HELP_GROUPS` sections."""
+    from llm_gym.trainer.options import (
+        DEPRECATED,
+        EnvArguments,
+        EvalSeedArguments,
+        ModelArguments,
+        OutputOptions,
+        PromptArguments,
+        accept_dashed,
+        add_alias,
+        add_deprecated_aliases,
+        add_field_options,
+        into_sections,
+    )
+
     p = argparse.ArgumentParser(
         prog="llmgym-eval",
+        usage="%(prog)s --model MODEL [--env ENV ...] [--num_eval_seeds N] [--samples_per_seed N] [-o OUTPUT_DIR]\n"
+        "                   [--endpoint URL] [--resume | --overwrite_output_dir] [--OPTION VALUE ...]",
         description="Evaluate a model on llm-gym environments over fixed seeds (success rate with a Wilson "
-        "interval, pass@k, mean turns, valid-action rate). Episodes go to episodes.jsonl, metrics to summary.json.",
+        "interval, pass@k, mean turns, valid-action rate). Episodes go to episodes.jsonl, metrics to summary.json. "
+        "Options are grouped by topic, the common ones first; the environment, seed, chat, dtype and output "
+        "options are llmgym-train's.",
         epilog=EXIT_CODES_HELP,
     )
-    # Flags are snake_case (TRL's style); a dashed second spelling is the older one, still parsed but not shown.
-    p.add_argument(
-        "--model",
-        required=True,
-        help="hub id, local folder, LoRA adapter folder (with adapter_config.json: loaded on its base model) or "
-        "'smollm2'; with --endpoint: the served name",
+    sections = {title: p.add_argument_group(title, text) for title, text in HELP_GROUPS.items()}
+    own = {f.name: f for f in fields(EvalOptions)}
+    for name, f in own.items():
+        kwargs = {k: v for k, v in f.metadata.items() if k != "group"}
+        sections[f.metadata["group"]].add_argument(f"--{name}", default=f.default, **kwargs)
+    add_field_options(
+        sections["model"],
+        ModelArguments,
+        ["dtype"],
+        overrides={
+            "dtype": {
+                "default": "auto",
+                "choices": ["auto", "float32", "bfloat16", "float16"],
+                "help_suffix": "llmgym-eval: the dtype a local model is loaded in for generation; auto (its "
+                "default) keeps the checkpoint's own.",
+            }
+        },
     )
-    p.add_argument(
-        "--endpoint",
-        help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1) instead of a local model",
+    env_default = EnvArguments.__dataclass_fields__["env"].default
+    add_field_options(
+        sections["environment"],
+        EnvArguments,
+        overrides={
+            "env": {"nargs": "+", "default": [env_default], "help_suffix": "Several: each is evaluated."},
+            "env_url": {"help_suffix": "The random-valid baseline still runs here."},
+        },
     )
-    p.add_argument(
-        "--api_key",
-        "--api-key",
-        help="bearer token for --endpoint (default: $OPENAI_API_KEY, which keeps it out of the process list); "
-        "sent only to the endpoint's origin, never printed or recorded",
+    add_field_options(
+        sections["evaluation"], EvalSeedArguments, overrides={"num_eval_seeds": {"default": 32}}
     )
-    p.add_argument(
-        "--env", nargs="+", default=["FrozenLake"], help="short names (FrozenLake Sokoban ...) or ids"
+    add_field_options(sections["prompt"], PromptArguments, list(RUN_CHAT_FIELDS), unset_default=True)
+    out = sections["output"].add_mutually_exclusive_group()
+    add_field_options(
+        out, OutputOptions, overrides={"resume": {"action": "store_true", "nargs": None, "const": None}}
     )
-    p.add_argument(
-        "--env_url",
-        nargs="+",
-        default=None,
-        help="play the environments on `llmgym serve` servers (several: episodes use them in turn); same "
-        "episodes as in-process. The random-valid baseline still runs here",
-    )
-    p.add_argument(
-        "--env_kwargs",
-        "--env-kwargs",
-        default="{}",
-        help="JSON object passed to every gym.make, e.g. '{\"max_turns\": 5}'",
-    )
-    p.add_argument("--num_seeds", "--num-seeds", type=int, default=32, help="seeds per environment")
-    p.add_argument(
-        "--seed_start",
-        "--seed-start",
-        type=int,
-        default=DEFAULT_SEED_START,
-        help="first reset seed (seeds are consecutive)",
-    )
-    p.add_argument(
-        "--samples_per_seed",
-        "--samples-per-seed",
-        "-n",
-        type=int,
-        default=1,
-        help="episodes per seed (n for pass@k)",
-    )
-    p.add_argument("--k", type=int, nargs="+", help="pass@k values to report (default: 1 and n)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=EVAL_TEMPERATURE,
-        help=f"sampling temperature (RAGEN-2 eval: {EVAL_TEMPERATURE}; 0 = greedy)",
-    )
-    p.add_argument("--top_p", "--top-p", type=float, default=EVAL_TOP_P)
-    p.add_argument(
-        "--max_new_tokens",
-        "--max-new-tokens",
-        type=int,
-        default=MAX_NEW_TOKENS,
-        help=f"tokens per reply (RAGEN: {MAX_NEW_TOKENS})",
-    )
-    p.add_argument(
-        "--history_window",
-        "--history-window",
-        type=int,
-        default=None,
-        help="show the model only the last k turns (default: the full history, as in training)",
-    )
-    chat = p.add_argument_group(
-        "chat format",
-        "as llmgym-train's; unset ones come from the llmgym_run.json a trained model's folder holds (else the "
-        "defaults below)",
-    )
-    chat.add_argument(
-        "--chat_style",
-        choices=CHAT_STYLES,
-        default=None,
-        help="llmgym (ours) or ragen (RAGEN's text, '<think>' opening every reply; with --endpoint this needs "
-        "a vLLM or SGLang server) (default: llmgym)",
-    )
-    chat.add_argument(
-        "--system_prompt",
-        default=None,
-        help=f"sentence opening the system message (default: {DEFAULT_SYSTEM_PROMPT!r})",
-    )
-    chat.add_argument(
-        "--demonstration",
-        choices=DEMONSTRATIONS,
-        default=None,
-        help="what the demonstration answers (see llmgym-train --help) (default: action)",
-    )
-    for name, what in (
-        (
-            "include_instructions",
-            "append the environment's instructions to the system message (default: True)",
-        ),
-        ("reward_feedback", "show the previous turn's reward each turn (default: False)"),
-        ("one_shot_example", "show one demonstration turn after the system message (default: False)"),
-    ):
-        chat.add_argument(
-            f"--{name}",
-            type=_bool,
-            nargs="?",
-            const=True,
-            default=None,
-            metavar="BOOL",
-            help=what,
-        )
-    p.add_argument(
-        "--batch_size",
-        "--batch-size",
-        type=int,
-        default=32,
-        help="episodes played together (one generate per turn)",
-    )
-    p.add_argument("--concurrency", type=int, default=16, help="parallel requests with --endpoint")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=120.0,
-        help="total seconds per HTTP request with --endpoint (connect to last byte; retried up to 3 times)",
-    )
-    p.add_argument("--device", help="torch device for a local model (default: cuda if available, else cpu)")
-    p.add_argument(
-        "--dtype", default="auto", help="torch dtype for a local model (auto, float32, bfloat16, ...)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="torch sampling seed for a local model")
-    p.add_argument(
-        "--output_dir",
-        "--output-dir",
-        "-o",
-        default="llmgym_eval",
-        help="where episodes.jsonl and summary.json go",
-    )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="skip episodes already in episodes.jsonl")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing episodes.jsonl")
-    p.add_argument("--no_progress", "--no-progress", action="store_true", help="no progress bar")
-    return snake_case_options(p)
-
-
-def _bool(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    add_alias(p, "output_dir", "-o")
+    add_alias(p, "samples_per_seed", "-n")
+    into_sections(p, sections, {a.dest: s for s, g in sections.items() for a in g._group_actions}, COMMON)
+    snake_case_options(p)
+    add_deprecated_aliases(p, DEPRECATED["llmgym-eval"])
+    return accept_dashed(p)
 
 
 def chat_settings(a: argparse.Namespace, log: Any = None) -> dict[str, Any]:
@@ -477,16 +510,21 @@ def chat_settings(a: argparse.Namespace, log: Any = None) -> dict[str, Any]:
 def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[int]]:
     if a.history_window is not None and a.history_window < 1:
         raise ValueError(f"--history_window must be >= 1, got {a.history_window}")
-    if a.num_seeds < 1 or a.samples_per_seed < 1 or a.batch_size < 1 or a.seed_start < 0:
+    if a.num_eval_seeds < 1 or a.samples_per_seed < 1 or a.batch_size < 1 or a.eval_seed < 0:
         raise ValueError(
-            "--num_seeds, --samples_per_seed and --batch_size must be >= 1 and --seed_start >= 0"
+            "--num_eval_seeds, --samples_per_seed and --batch_size must be >= 1 and --eval_seed >= 0"
         )
     try:
-        env_kwargs = json.loads(a.env_kwargs)
+        given = json.loads(a.env_kwargs) if a.env_kwargs is not None else {}
     except json.JSONDecodeError as e:
         raise ValueError(f"--env_kwargs is not valid JSON: {e}") from None
-    if not isinstance(env_kwargs, dict):
+    if not isinstance(given, dict):
         raise ValueError("--env_kwargs must be a JSON object")
+    from llm_gym.trainer.options import env_kwargs_of
+
+    # the turn and action limits, then --env_kwargs (which wins): llmgym-train's rule
+    limits = {f: getattr(a, f) for f in ("max_turns", "max_actions_per_turn", "max_actions", "think")}
+    env_kwargs = env_kwargs_of({**limits, "env_kwargs": given})
     env_ids = list(dict.fromkeys(resolve_env_id(e) for e in a.env))
     from llm_gym.registration import make_env
 
@@ -498,7 +536,7 @@ def _check_args(a: argparse.Namespace) -> tuple[list[str], dict[str, Any], list[
     else:
         from llm_gym.serve.client import check_servers
 
-        at_once = min(a.batch_size, a.num_seeds * a.samples_per_seed)  # one batch of episodes at a time
+        at_once = min(a.batch_size, a.num_eval_seeds * a.samples_per_seed)  # one batch of episodes at a time
         try:  # served as a local run would play them, with room for a batch's sessions
             check_servers(urls, env_ids, env_kwargs, sessions=at_once, command="llmgym-eval")
         except ConnectionError as e:  # a server named on the command line that cannot be used: exit 2
@@ -552,12 +590,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # creates no folder.
         if out_dir.is_dir():
             lock = OutputLock(out_dir, "evaluation").acquire()
-        if episodes.exists() and episodes.stat().st_size > 0 and not (args.resume or args.overwrite):
-            raise ValueError(f"{episodes} already has episodes; pass --resume to continue it or --overwrite")
+        if (
+            episodes.exists()
+            and episodes.stat().st_size > 0
+            and not (args.resume or args.overwrite_output_dir)
+        ):
+            raise ValueError(
+                f"{episodes} already has episodes; pass --resume to continue it or --overwrite_output_dir"
+            )
         policy, model_name = make_policy(args)
         if lock is None:
             lock = OutputLock(out_dir, "evaluation").acquire()
-        if args.overwrite and episodes.exists():
+        if args.overwrite_output_dir and episodes.exists():
             episodes.unlink()
         fingerprint = {
             "model": model_name,
@@ -568,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "history_window": args.history_window,
             **chat_kw,  # a resumed evaluation must show the model the same chat
         }
-        seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
+        seeds = list(range(args.eval_seed, args.eval_seed + args.num_eval_seeds))
         result = evaluate(
             policy,
             env_ids,

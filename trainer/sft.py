@@ -759,42 +759,85 @@ def _num(x: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
+#: ``--help`` sections in order (the titles ``llmgym-train`` uses where they mean the same): title -> what they hold.
+HELP_GROUPS = {
+    "model": "The model trained, LoRA and precision.",
+    "data": "The exported episodes trained on, and the evaluation seeds they must not overlap.",
+    "algorithm": "Steps, batch, optimiser and schedule.",
+    "output": "The output folder: final/, checkpoints, logs and trackers.",
+    "distributed": "Devices, processes and sharding.",
+    "other": "Every other TRL and transformers option.",
+}
+#: Flags listed first in their ``--help`` section, in this order.
+COMMON = (
+    "model",
+    "dtype",
+    "bf16",
+    "use_peft",
+    "merge_lora",
+    "data",
+    "format_loss_weight",
+    "max_length",
+    "eval_seed",
+    "num_eval_seeds",
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "output_dir",
+    "resume",
+    "overwrite_output_dir",
+    "save_strategy",
+    "save_steps",
+    "report_to",
+    "logging_steps",
+    "use_cpu",
+)
+USAGE = (
+    "%(prog)s --data DATA [--model MODEL] [--max_steps N | --num_train_epochs N] [-o OUTPUT_DIR]\n"
+    "                  [--use_peft] [--resume [RESUME] | --overwrite_output_dir] [--FIELD VALUE ...]"
+)
+
+
 def build_parser() -> Any:
-    from llm_gym.trainer.config import LLMGymSFTConfig
+    """``llmgym-sft``'s parser: every :class:`~llm_gym.trainer.config.LLMGymSFTConfig` field, ``--model``,
+    ``--merge_lora`` and the output options it shares with ``llmgym-train`` and ``llmgym-eval``
+    (:mod:`llm_gym.trainer.options`), with ``--help`` in the :data:`HELP_GROUPS` sections."""
+    from llm_gym.trainer.config import LLMGymSFTConfig, LoRAArguments, ModelArguments, SFTDataArguments
+    from llm_gym.trainer.flags import help_group_of, negated_flag_help
+    from llm_gym.trainer.options import OutputOptions, add_alias, add_field_options, into_sections
     from transformers import HfArgumentParser
     from transformers.hf_argparser import DataClassType
 
     parser = HfArgumentParser(
         DataClassType(LLMGymSFTConfig),
         prog="llmgym-sft",
+        usage=USAGE,
         description="Supervised fine-tuning (the warm start before RL) on llmgym export output, with the loss on "
-        "the episodes' assistant turns only. output_dir/final is a valid --model for llmgym-train and llmgym-eval.",
+        "the episodes' assistant turns only. output_dir/final is a valid --model for llmgym-train and llmgym-eval. "
+        "Options are grouped by topic, the common ones first in each group.",
         epilog=EXIT_CODES_HELP,
     )
-    group = parser.add_argument_group("llmgym-sft")
-    group.add_argument(
+    sections = {title: parser.add_argument_group(title, text) for title, text in HELP_GROUPS.items()}
+    sections["model"].add_argument(
         "--model",
         default="smollm2",
-        help="Hub id, local folder, or 'smollm2' (offline SmolLM2-135M; default).",
+        help="Hub id, local folder, 'smollm2' (offline SmolLM2-135M; default) or an organism.",
     )
-    group.add_argument(
+    sections["model"].add_argument(
         "--merge_lora",
         action="store_true",
         help="With --use_peft: save the model with the adapter merged in instead of the adapter.",
     )
-    group.add_argument(
-        "--resume",
-        nargs="?",
-        const="latest",
-        default=None,
-        help="Resume from the newest complete checkpoint in output_dir (or from the given checkpoint folder), "
-        "on the same data; checkpoints are written with --save_strategy steps --save_steps N.",
-    )
-    group.add_argument(
-        "--overwrite_output_dir",
-        action="store_true",
-        help="Start afresh in a non-empty output_dir (its final model and run files are removed first).",
-    )
+    add_field_options(sections["output"], OutputOptions)
+    add_alias(parser, "output_dir", "-o")
+    own = {ModelArguments: "model", SFTDataArguments: "data", LoRAArguments: "model"}
+    group_of = help_group_of(LLMGymSFTConfig, own)
+    group_of = {name: title if title in sections else "other" for name, title in group_of.items()}
+    group_of["seed"] = "algorithm"
+    into_sections(parser, sections, group_of, COMMON)
+    negated_flag_help(parser)
     return snake_case_options(parser)
 
 

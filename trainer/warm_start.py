@@ -261,7 +261,7 @@ def run_with_warm_start(
 def report_three(config: Any, base: dict[str, Any], sft: dict[str, Any], log=print) -> dict[str, Any] | None:
     """Add the base model's evaluation, the warm start's summary and the constant-answer baselines to
     ``eval_report.json`` and print base, warm start and RL beside the baselines."""
-    from llm_gym.trainer.cli import EVAL_REPORT_FILE
+    from llm_gym.trainer.defaults import EVAL_REPORT_FILE
 
     from llm_gym.agent.baselines import NoBaseline, constant_action_success, format_outcomes, format_rate
 

@@ -9,7 +9,8 @@ A page writes, on a line of its own:
 - ``<!-- config-groups -->``: every group and its fields.
 
 The meaning is the field's ``metadata["help"]``, the text ``llmgym-train --help`` prints, so the docs cannot drift
-from the code. The fields are read from ``trainer/config.py``'s source (the docs build imports no torch or TRL);
+from the code. The fields are read from the sources of ``trainer/options.py`` (the groups the three commands share) and ``trainer/config.py``
+(the docs build imports no torch or TRL);
 a default that names a constant is looked up in ``llm_gym.trainer.defaults`` or ``llm_gym.agent.chat``. The LoRA
 group is TRL's: only its field names (``trainer/lora.py``'s ``LORA_FIELDS``) are listed.
 """
@@ -27,6 +28,8 @@ import llm_gym.trainer.defaults as defaults
 import llm_gym.agent.chat as chat
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+#: The modules whose ``...Arguments`` dataclasses are config groups, in the order the groups are listed.
+SOURCES = ("options.py", "config.py")
 TABLE = re.compile(r"^<!--\s*config-table:\s*([\w ]+?)\s*-->[ \t]*$", flags=re.M)
 GROUPS = re.compile(r"^<!--\s*config-groups\s*-->[ \t]*$", flags=re.M)
 #: The full configs: their own fields are TRL fields whose default we change.
@@ -53,7 +56,7 @@ def _value(node: ast.expr | None, names: dict[str, Any]) -> Any:
         return None
     if isinstance(node, ast.Name):
         if node.id not in names:
-            raise ValueError(f"config_tables: unknown constant {node.id} in trainer/config.py")
+            raise ValueError(f"config_tables: unknown constant {node.id} in trainer/{SOURCES}")
         return names[node.id]
     return ast.literal_eval(node)
 
@@ -87,10 +90,12 @@ def _field(stmt: ast.stmt, names: dict[str, Any]) -> FieldDoc | None:
 
 
 def config_groups() -> dict[str, list[FieldDoc]]:
-    """Each config dataclass of ``trainer/config.py`` -> its own fields, in source order (LoRA: TRL's names)."""
+    """Each config dataclass of ``trainer/options.py`` and ``trainer/config.py`` -> its own fields, in source order
+    (LoRA: TRL's names)."""
     names = _constants()
     out: dict[str, list[FieldDoc]] = {}
-    for node in ast.parse((TRAINER / "config.py").read_text(encoding="utf-8")).body:
+    nodes = [n for f in SOURCES for n in ast.parse((TRAINER / f).read_text(encoding="utf-8")).body]
+    for node in nodes:
         if isinstance(node, ast.ClassDef) and (node.name.endswith("Arguments") or node.name in CONFIGS):
             fields = [f for f in (_field(s, names) for s in node.body) if f is not None]
             if fields:  # SignalArguments only bundles other groups

@@ -9,7 +9,8 @@ A card holds, for one id per family (the family's first id that builds offline):
 * the reward components (the id's :class:`~llm_gym.core.rewards.RewardSpec`);
 * reward-hack probes (:func:`hack_probes`), each a set of crafted replies played on the env with a verdict;
 * throughput in process and through ``llmgym serve`` (machine-dependent: measured on ``--publish`` only);
-* a slot for whether the from-scratch organism model learns it, "not yet measured" until someone measures it.
+* a slot for whether the from-scratch organism model learns it, and in how many episodes: "not yet measured" here;
+  ``scripts/gen_env_cards.py`` fills it from the organism's recorded run (``docs/data/organism_learning.json``).
 
 The probes play at the expert's last turn of an episode it wins, where the right answer ends the episode with
 success, so a reply that smuggles the answer past the parser shows as a success or a higher reward. A crafted reply
