@@ -459,3 +459,25 @@ def test_a_websocket_reply_outside_what_describe_announced_is_one_error_and_drop
         with pytest.raises(gym.error.ResetNeeded):  # the session was dropped
             env.step("<answer>Up</answer>")
         env.close()
+
+
+def test_the_open_file_limit_is_raised_toward_what_the_bounds_hold_or_a_warning_says_so(monkeypatch, capsys):
+    """Sessions, waiting connections and requests in the app all hold a file descriptor: with ulimit -n below
+    their sum a flood would hit EMFILE first (asyncio then stops accepting for a second at a time)."""
+    import resource
+
+    from llm_gym.serve.server import _raise_file_limit
+
+    config = ServeConfig(env_ids=(FL,), max_sessions=10, max_waiting_connections=100)
+    need = 2 * 10 + 100 + (10 + 64) + 256
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, 300))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: calls.append(limits))
+    _raise_file_limit(config)
+    assert (
+        calls == [(300, 300)] and f"fewer than the {need}" in capsys.readouterr().err
+    )  # capped by the hard one
+    calls.clear()
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, 100_000))
+    _raise_file_limit(config)
+    assert calls == [(need, 100_000)] and capsys.readouterr().err == ""
