@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import gymnasium as gym
 
-from llm_gym.core.checks import is_int
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.core.env import ACTION_MAX_LENGTH
 from llm_gym.core.kwargs import (
     constructor_kwargs,
@@ -415,8 +415,7 @@ def _kind(value: Any, kind: str) -> bool:
             isinstance(row, list)
             and len(row) == 3
             and isinstance(row[0], str)
-            and isinstance(row[1], (int, float))
-            and not isinstance(row[1], bool)
+            and is_number(row[1])
             and math.isfinite(row[1])
             and isinstance(row[2], str)
             for row in value
