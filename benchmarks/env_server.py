@@ -2,7 +2,7 @@
 in the same run, then the server's memory across thousands of sessions opened and closed.
 
     OMP_NUM_THREADS=1 python benchmarks/env_server.py [--sessions 64] [--steps 100] [--churn 10000]
-    python benchmarks/env_server.py --quick          # 8 sessions x 20 steps, 300 sessions churned (the test)
+    python benchmarks/env_server.py --quick          # 8 sessions x 20 steps, 300 churned, 40 slowloris (the test)
 
 Phases (all on 127.0.0.1; the server is a subprocess, the clients one asyncio process, so both share the
 machine's cores):
@@ -12,7 +12,12 @@ machine's cores):
    steps (resetting whenever an episode ends), every reply checked; latency is per step as a client sees it
    (send to reply); errors are counted, never retried;
 3. churn: ``--churn`` sessions opened, reset, stepped once and closed, ``--churn_concurrency`` at a time; the
-   server's RSS (``/proc/PID/status``) before and after, and its open-env count after (must be 0).
+   server's RSS (``/proc/PID/status``) before and after, and its open-env count after (must be 0);
+4. slowloris: phase 2 again, now beside ``--slowloris`` connections that each hold half an HTTP request and send a
+   byte a second (reopened when the server closes them), for at least ``--slowloris_s``; in both runs (phase 2 is
+   the reference) a prober GETs ``/health`` every 0.1 s on a new connection, and its latency while the sessions
+   run is printed. The server must answer every probe and every step (0 errors), and close the half-sent requests
+   (past the read deadline, or the oldest when the connections waiting for a request reach their bound).
 
 Prints a table and the ratios; ``--json PATH`` writes the numbers (never into docs/ unless asked).
 """
@@ -103,13 +108,98 @@ async def _session(url: str, seed: int, steps: int, texts: list[str], lat: list,
         errors.append(f"session {seed}: {type(e).__name__}: {e}")
 
 
-async def load(ws_url: str, sessions: int, steps: int, texts: list[str]) -> dict:
+async def _health(
+    port: int, stop: asyncio.Event, lat: list[float], bad: list[str], busy: asyncio.Event
+) -> None:
+    """GET /health every 0.1 s on a new connection until ``stop``; the latency of each answer while ``busy`` (the
+    sessions run), every non-200 kept."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.read(64), 10)
+            writer.close()
+            status = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else head
+            if status != b"200":
+                bad.append(status.decode("latin-1"))
+            elif busy.is_set():
+                lat.append(time.perf_counter() - t0)
+        except (OSError, asyncio.TimeoutError) as e:
+            bad.append(type(e).__name__)
+        await asyncio.sleep(0.1)
+
+
+async def _slow_client(port: int, stop: asyncio.Event, stats: dict) -> None:
+    """Holds half an HTTP request, a byte a second, and opens another when the server closes it."""
+    while not stop.is_set():
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            stats["opened"] += 1
+            writer.write(b"POST /llmgym/describe HTTP/1.1\r\nHost: bench\r\nX-Slow: ")
+            await writer.drain()
+            while not stop.is_set():
+                try:
+                    if await asyncio.wait_for(reader.read(1024), 1.0) == b"":
+                        break
+                except asyncio.TimeoutError:  # still open: one more byte
+                    writer.write(b"a")
+                    await writer.drain()
+            else:
+                return
+            stats["closed_by_server"] += 1
+        except OSError:
+            stats["closed_by_server"] += 1
+            await asyncio.sleep(0.1)
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+async def load(
+    ws_url: str,
+    sessions: int,
+    steps: int,
+    texts: list[str],
+    *,
+    port: int,
+    slowloris: int = 0,
+    min_s: float = 0,
+) -> dict:
+    """Phase 2 (``slowloris`` 0) or 4: the sessions, the /health prober and the slow clients at once."""
     lat: list[float] = []
     errors: list[str] = []
+    health: list[float] = []
+    bad_health: list[str] = []
+    slow = {"opened": 0, "closed_by_server": 0}
+    stop, busy = asyncio.Event(), asyncio.Event()
+    background = [asyncio.ensure_future(_health(port, stop, health, bad_health, busy))]
+    background += [asyncio.ensure_future(_slow_client(port, stop, slow)) for _ in range(slowloris)]
     t0 = time.perf_counter()
+    if slowloris:
+        await asyncio.sleep(1.0)  # the slow clients are in place before the sessions start
+    busy.set()
+    t1 = time.perf_counter()
     await asyncio.gather(*(_session(ws_url, s, steps, texts, lat, errors) for s in range(sessions)))
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t1
+    busy.clear()
+    while time.perf_counter() - t0 < min_s:
+        await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*background), 30)
     return {
+        "slowloris": slowloris,
+        "health_probes": len(health),
+        "health_errors": len(bad_health),
+        "first_health_errors": bad_health[:3],
+        "health_p50_ms": pct(health, 0.5) * 1e3 if health else float("nan"),
+        "health_p99_ms": pct(health, 0.99) * 1e3 if health else float("nan"),
+        "health_max_ms": max(health) * 1e3 if health else float("nan"),
+        "slow_opened": slow["opened"],
+        "slow_closed_by_server": slow["closed_by_server"],
+        "phase_s": time.perf_counter() - t0,
         "steps": len(lat),
         "errors": len(errors),
         "first_errors": errors[:3],
@@ -150,20 +240,48 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--churn", type=int, default=10_000)
     ap.add_argument("--churn_concurrency", type=int, default=32)
-    ap.add_argument("--quick", action="store_true", help="8 sessions x 20 steps, 300 sessions churned")
+    ap.add_argument(
+        "--slowloris",
+        type=int,
+        default=None,
+        help="half-sent HTTP requests held beside the sessions (default 256: more than uvicorn's old limit of "
+        "max_sessions + 64 connections, fewer than the server's --max_waiting_connections; 0: skip)",
+    )
+    ap.add_argument("--slowloris_s", type=float, default=15.0, help="least seconds the slow clients are held")
+    ap.add_argument("--read_timeout", type=float, default=10.0, help="the server's --read_timeout")
+    ap.add_argument(
+        "--quick", action="store_true", help="8 sessions x 20 steps, 300 churned, 40 slowloris for 3 s"
+    )
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.quick:
         args.sessions, args.steps, args.churn, args.churn_concurrency = 8, 20, 300, 8
+        args.slowloris, args.slowloris_s, args.read_timeout = 40, 3.0, 2.0
     texts = action_texts(64)
+    max_sessions = max(args.sessions, args.churn_concurrency) + 8
+    if args.slowloris is None:
+        args.slowloris = 256
 
     ref = in_process(args.sessions, args.steps, texts)
     server = start_server(
-        "--env", ENV_ID, "--max_sessions", str(max(args.sessions, args.churn_concurrency) + 8)
+        "--env", ENV_ID, "--max_sessions", str(max_sessions), "--read_timeout", str(args.read_timeout)
     )
     try:
         ws_url = "ws" + server.url[4:] + "/ws"
-        remote = asyncio.run(load(ws_url, args.sessions, args.steps, texts))
+        remote = asyncio.run(load(ws_url, args.sessions, args.steps, texts, port=server.port))
+        attacked = None
+        if args.slowloris:
+            attacked = asyncio.run(
+                load(
+                    ws_url,
+                    args.sessions,
+                    args.steps,
+                    texts,
+                    port=server.port,
+                    slowloris=args.slowloris,
+                    min_s=args.slowloris_s,
+                )
+            )
         # warm-up: the first few thousand sessions grow the allocator's pools and caches (measured: flat after)
         asyncio.run(churn(ws_url, min(2000, args.churn // 5), args.churn_concurrency, texts))
         rss_before = rss_kib(server.proc.pid)
@@ -192,6 +310,29 @@ def main() -> int:
         f"throughput {remote['steps_per_s'] / ref['steps_per_s']:.3f}x"
     )
     print(f"errors under load: {remote['errors']} {remote['first_errors'] if remote['errors'] else ''}")
+    runs = [("load (reference)", remote)] + (
+        [(f"load + {args.slowloris} slowloris", attacked)] if attacked else []
+    )
+    print(
+        f"{'':28} {'steps':>6} {'errors':>6} {'steps/s':>8} {'/health':>7} {'failed':>6} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'max ms':>7}"
+    )
+    for name, r in runs:
+        print(
+            f"{name:28} {r['steps']:>6} {r['errors']:>6} {r['steps_per_s']:>8.0f} {r['health_probes']:>7} "
+            f"{r['health_errors']:>6} {r['health_p50_ms']:>7.1f} {r['health_p99_ms']:>7.1f} {r['health_max_ms']:>7.1f}"
+        )
+    if attacked:
+        print(
+            f"slowloris: {attacked['slow_opened']} half-sent requests opened over {attacked['phase_s']:.1f} s, "
+            f"{attacked['slow_closed_by_server']} closed by the server (read deadline {args.read_timeout:g} s); ratios (slowloris / reference): throughput "
+            f"{attacked['steps_per_s'] / remote['steps_per_s']:.2f}x, /health p99 "
+            f"{attacked['health_p99_ms'] / remote['health_p99_ms']:.2f}x"
+        )
+        if attacked["errors"]:
+            print(f"errors beside the slowloris: {attacked['first_errors']}")
+        if attacked["health_errors"]:
+            print(f"/health failures beside the slowloris: {attacked['first_health_errors']}")
     print(
         f"churn: {args.churn} sessions opened and closed in {churn_s:.1f} s ({args.churn / churn_s:.0f}/s), "
         f"{churn_errors} errors; server RSS {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after "
@@ -207,6 +348,8 @@ def main() -> int:
         "steps_per_session": args.steps,
         "in_process": ref,
         "server": remote,
+        "slowloris": attacked,
+        "read_timeout_s": args.read_timeout,
         "churn": {
             "sessions": args.churn,
             "seconds": churn_s,
@@ -221,6 +364,14 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     ok = (
         remote["errors"] == 0
+        and remote["health_errors"] == 0
+        and (
+            attacked is None
+            or attacked["errors"] == 0
+            and attacked["health_errors"] == 0
+            and attacked["steps"] == args.sessions * args.steps
+            and attacked["slow_closed_by_server"] > 0
+        )
         and churn_errors == 0
         and open_after == 0
         and remote["steps"] == args.sessions * args.steps

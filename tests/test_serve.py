@@ -1059,6 +1059,9 @@ def test_benchmark_quick_mode(tmp_path):
     result = json.loads(out.read_text())
     assert result["server"]["errors"] == 0 and result["server"]["steps"] == 8 * 20
     assert result["churn"]["open_envs_after"] == 0 and "ratios" in run.stdout
+    slow = result["slowloris"]  # the load again beside half-sent requests: none starves it
+    assert slow["errors"] == 0 and slow["health_errors"] == 0 and slow["steps"] == 8 * 20
+    assert slow["health_probes"] > 0 and slow["slow_closed_by_server"] >= 40
 
 
 @pytest.mark.parametrize("style", ["llmgym", "ragen"])

@@ -13,17 +13,24 @@ speaking OpenEnv's protocol); ``close`` ends it and frees the server's env. Obse
 local env. Attributes that prompt formatting reads (``instructions``, ``think``, ``action_names``,
 ``actions_left`` ...) are mirrored on this env.
 
-Every wait is bounded: connecting (``connect_timeout_s``) and each reply (``request_timeout_s``). A lost
-connection (server stopped or restarted, session expired) raises :class:`RemoteEnvError` naming the cause; the
+Every wait is bounded as a whole, not per read: connecting (``connect_timeout_s``) and each reply
+(``request_timeout_s``; describe gets both together). Replies are untrusted input: at most 8 MiB, JSON nested at
+most 64 levels, finite numbers, observations inside the described space and attributes of their JSON type, else a
+:class:`RemoteEnvError` (the session dropped). A lost connection (server stopped or restarted, session expired) raises :class:`RemoteEnvError` naming the cause; the
 episode is gone, and the next ``reset`` opens a new session.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
+import socket
+import ssl
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -39,6 +46,7 @@ from llm_gym.serve.protocol import (
     DYNAMIC_ATTRIBUTES,
     PROTOCOL_VERSION,
     STATIC_ATTRIBUTES,
+    check_surface,
     parse_env_urls,
     space_from_json,
 )
@@ -46,6 +54,8 @@ from llm_gym.serve.protocol import (
 INSTALL_HINT = "llmgym/Remote-v0 needs the websockets package: pip install 'llm-gym[serve]'"
 #: Longest reply read from a server (a describe answer or one WebSocket message).
 MAX_REPLY_BYTES = 8 << 20
+#: Deepest nesting of a server's JSON reply (ours nest a few levels; Python's reader recurses once per level).
+MAX_REPLY_DEPTH = 64
 
 
 class RemoteEnvError(ConnectionError):
@@ -81,20 +91,52 @@ def _split_url(url: str) -> tuple[str, str | None, bool]:
     return base, parts.password, is_loopback(host)
 
 
-def _finite_numbers(value: Any, depth: int = 0) -> bool:
-    """Whether every number in a decoded JSON value is finite (nesting is bounded by the reader)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return depth < 64 and all(_finite_numbers(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return depth < 64 and all(_finite_numbers(v, depth + 1) for v in value)
+def _finite_numbers(value: Any) -> bool:
+    """Whether every number in a decoded JSON value is finite (iterative: the depth is the caller's check)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
     return True
+
+
+def _depth(value: Any) -> int:
+    """How deep a decoded JSON value nests (iterative)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _decode(raw: bytes | str) -> Any:
+    """A server's JSON reply, else ``ValueError`` saying why: not JSON, nested deeper than
+    :data:`MAX_REPLY_DEPTH` (Python's reader recurses once per level and raises ``RecursionError`` past ~1,000),
+    or holding NaN or an infinite number (Python's reader accepts ``NaN``, ``Infinity`` and ``1e999``)."""
+    too_deep = f"the reply is JSON nested deeper than {MAX_REPLY_DEPTH} levels"
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    except ValueError:
+        raise ValueError("the reply is not JSON") from None
+    if _depth(value) > MAX_REPLY_DEPTH:
+        raise ValueError(too_deep)
+    if not _finite_numbers(value):
+        raise ValueError("the reply holds NaN or an infinite number")
+    return value
 
 
 def _error_text(body: bytes | bytearray) -> str:
     try:
-        data = json.loads(body.decode("utf-8", "replace"))
+        data = _decode(body.decode("utf-8", "replace"))
     except ValueError:
         return body[:300].decode("utf-8", "replace")
     if isinstance(data, dict):
@@ -117,11 +159,76 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises the 3xx as an HTTPError
 
 
+class _Deadline:
+    """One request's time bound as a whole: when it passes, the request's sockets are shut down, which ends any
+    read blocked on them (``urlopen``'s timeout bounds each read, so a server sending a byte a second held a
+    describe for days)."""
+
+    def __init__(self, seconds: float):
+        self.expired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if self.expired:
+                self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._socks:
+                self._shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _deadline_handlers(deadline: _Deadline) -> list[Any]:
+    """urllib handlers whose connections are watched by ``deadline`` (a proxy's connection too)."""
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class TLSConn(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class Handler(urllib.request.HTTPHandler):
+        def http_open(self, req):  # noqa: ANN001 - urllib's signature
+            return self.do_open(Conn, req)
+
+    class TLSHandler(urllib.request.HTTPSHandler):
+        def __init__(self) -> None:
+            self.tls_context = ssl.create_default_context()
+            super().__init__(context=self.tls_context)
+
+        def https_open(self, req):  # noqa: ANN001 - urllib's signature
+            return self.do_open(TLSConn, req, context=self.tls_context)
+
+    return [Handler(), TLSHandler()]
+
+
 def _http_json(
     base: str, path: str, body: dict[str, Any] | None = None, *, token: str | None, timeout_s: float
 ) -> dict[str, Any]:
-    """``GET`` (or ``POST body``) ``base + path`` and the JSON object it answers; every failure is a
-    :class:`RemoteEnvError` (unreachable, 401, 5xx, not JSON) or a :class:`RemoteRequestError` (another 4xx)."""
+    """``GET`` (or ``POST body``) ``base + path`` and the JSON object it answers, all within ``timeout_s``; every
+    failure is a :class:`RemoteEnvError` (unreachable, 401, 5xx, not JSON, no whole reply in time) or a
+    :class:`RemoteRequestError` (another 4xx)."""
     from llm_gym.serve.config import is_loopback
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -130,37 +237,52 @@ def _http_json(
         data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
     req = urllib.request.Request(base + path, data=data, headers=headers, method="POST" if data else "GET")
     host = urllib.parse.urlsplit(base).hostname or ""
-    handlers: list[Any] = [_NoRedirects()]
+    deadline = _Deadline(timeout_s)
+    handlers: list[Any] = [_NoRedirects(), *_deadline_handlers(deadline)]
     if is_loopback(host):
         handlers.append(urllib.request.ProxyHandler({}))
     opener = urllib.request.build_opener(*handlers)
+    late = RemoteEnvError(f"{base}{path}: no complete reply within {timeout_s:g} s")
     try:
         with opener.open(req, timeout=timeout_s) as resp:
             raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
+        if deadline.expired:
+            raise late from None
         if 300 <= e.code < 400:
             where = str(e.headers.get("Location", "?"))[:200] if e.headers else "?"
             raise RemoteEnvError(
                 f"{base}{path} answered a redirect (HTTP {e.code} to {where}); not followed: llmgym serve never "
                 "redirects, and the token is sent only to the URL given"
             ) from None
-        text = _error_text(e.read(1 << 16))
+        try:
+            text = _error_text(e.read(1 << 16))
+        except (OSError, http.client.HTTPException):
+            text = "(the body could not be read)"
+        finally:
+            deadline.cancel()
         if e.code == 401:
             raise RemoteEnvError(f"{base} refused the token (HTTP 401): {text}") from None
         if 400 <= e.code < 500:
             raise RemoteRequestError(e.code, f"{base}: {text}") from None
         raise RemoteEnvError(f"{base}{path} failed (HTTP {e.code}): {text}") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        if deadline.expired:
+            raise late from None
         reason = getattr(e, "reason", e)
         raise RemoteEnvError(
             f"cannot reach the env server at {base}: {reason} (is llmgym serve running?)"
         ) from None
+    finally:
+        deadline.cancel()
+    if deadline.expired:  # a body cut short by the deadline
+        raise late
     if len(raw) > MAX_REPLY_BYTES:
         raise RemoteEnvError(f"{base}{path}: reply over {MAX_REPLY_BYTES} bytes")
     try:
-        out = json.loads(raw)
-    except ValueError:
-        raise RemoteEnvError(f"{base}{path}: the reply is not JSON") from None
+        out = _decode(raw)
+    except ValueError as e:
+        raise RemoteEnvError(f"{base}{path}: {e}") from None
     if not isinstance(out, dict):
         raise RemoteEnvError(f"{base}{path}: the reply is not a JSON object")
     return out
@@ -176,7 +298,8 @@ class RemoteEnv(gym.Env[str, str]):
         env_kwargs: constructor kwargs, checked by the server against the id's constructor.
         token: bearer token (default: the URL's password, else ``LLMGYM_SERVE_TOKEN``).
         connect_timeout_s: bound on opening a connection.
-        request_timeout_s: bound on each reply; past it the session is dropped and :class:`RemoteEnvError` raised.
+        request_timeout_s: bound on each whole reply; past it the session is dropped and :class:`RemoteEnvError`
+            raised.
         render_mode: only ``None`` (the server never renders).
     """
 
@@ -222,11 +345,16 @@ class RemoteEnv(gym.Env[str, str]):
                 raise ValueError(f"protocol {desc.get('protocol')!r}, this client speaks {PROTOCOL_VERSION}")
             self.observation_space = space_from_json(desc["observation_space"])
             self.action_space = space_from_json(desc["action_space"])
-            attrs = desc.get("attributes")
+            attrs = check_surface(desc.get("attributes"))
             limits = desc.get("limits") or {}
-            if not isinstance(attrs, dict) or not isinstance(limits, dict):
-                raise ValueError("attributes and limits must be objects")
-            self._ws_max_bytes = min(int(limits.get("ws_max_bytes", 1 << 20)) * 4, MAX_REPLY_BYTES)
+            if not isinstance(limits, dict):
+                raise ValueError("limits must be an object")
+            ws_max = limits.get("ws_max_bytes", 1 << 20)
+            if not is_int(ws_max, numpy=False) or not 1 <= ws_max <= MAX_REPLY_BYTES:
+                raise ValueError(
+                    f"limits.ws_max_bytes must be an integer in [1, {MAX_REPLY_BYTES}], got {ws_max!r:.40}"
+                )
+            self._ws_max_bytes = min(ws_max * 4, MAX_REPLY_BYTES)
             fixed = desc.get("fixed_kwargs", {})
             if not isinstance(fixed, dict):
                 raise ValueError("fixed_kwargs must be an object")
@@ -311,6 +439,29 @@ class RemoteEnv(gym.Env[str, str]):
         self._drop()
         return RemoteEnvError(f"{self.url}: {why}; this episode is gone, reset() opens a new session")
 
+    def _over_size(self) -> str | None:
+        """The error to report when this client closed the session for a reply over its size bound (close code
+        1009 sent by us), else ``None``."""
+        sent = getattr(getattr(self._ws, "protocol", None), "close_sent", None)
+        if sent is not None and getattr(sent, "code", None) == 1009:
+            return (
+                f"{self.url}: a reply was over this client's limit of {self._ws_max_bytes} bytes (4 x the server's "
+                "ws_max_bytes); the session was closed"
+            )
+        return None
+
+    def _recv(self) -> str | bytes:
+        """The next message within ``request_timeout_s``, waited for in slices: a reply this client refused for
+        its size (close 1009 sent) is reported at once, not after the whole wait (``TimeoutError`` otherwise)."""
+        deadline = time.monotonic() + self.request_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._ws.recv(timeout=max(0.0, min(0.25, left)))
+            except TimeoutError:
+                if left <= 0.25 or self._over_size():
+                    raise
+
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
         from websockets.exceptions import ConnectionClosed
 
@@ -321,19 +472,26 @@ class RemoteEnv(gym.Env[str, str]):
                 # The server may have said why before closing (a full server, an expired session): read it.
                 raw = self._ws.recv(timeout=1.0)
             else:
-                raw = self._ws.recv(timeout=self.request_timeout_s)
+                raw = self._recv()
         except TimeoutError:
+            over = self._over_size()
             self._drop()
+            if over:  # the reply was refused for its size; the peer did not finish the close handshake
+                raise RemoteEnvError(over) from None
             raise RemoteEnvError(
                 f"{self.url}: no reply within {self.request_timeout_s:g} s; the session was closed"
             ) from None
         except (ConnectionClosed, OSError) as e:
+            over = self._over_size()
+            if over:
+                self._drop()
+                raise RemoteEnvError(over) from None
             raise self._lost(e) from None
         try:
-            reply = json.loads(raw)
-        except ValueError:
+            reply = _decode(raw)
+        except ValueError as e:
             self._drop()
-            raise RemoteEnvError(f"{self.url}: the reply is not JSON") from None
+            raise RemoteEnvError(f"{self.url}: {e}; the session was closed") from None
         if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
             self._drop()
             raise RemoteEnvError(f"{self.url}: the reply is not an OpenEnv message")
@@ -372,6 +530,18 @@ class RemoteEnv(gym.Env[str, str]):
         if not (reward is None or math.isfinite(reward)) or not _finite_numbers(info):
             self._drop()
             raise RemoteEnvError(f"{self.url}: the reply's reward or info holds NaN or an infinite number")
+        # what describe announced is what a local env guarantees: the observation in its space, typed attributes
+        if not self.observation_space.contains(text):
+            self._drop()
+            raise RemoteEnvError(
+                f"{self.url}: the reply's observation ({len(text)} characters) is not in the observation space "
+                f"described ({self.observation_space}); the session was closed"
+            )
+        try:
+            attrs = check_surface(attrs)
+        except ValueError as e:
+            self._drop()
+            raise RemoteEnvError(f"{self.url}: the reply's {e}; the session was closed") from None
         self._attrs.update(attrs)
         return text, None if reward is None else float(reward), terminated, truncated, info
 

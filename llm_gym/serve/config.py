@@ -19,8 +19,11 @@ from llm_gym.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONCURRENT_RESETS,
     DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_WAITING_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    HTTP_MARGIN,
 )
 
 # ------------------------------------------------------------------------------------------------ config
@@ -52,6 +55,8 @@ class ServeConfig:
     allow_client_kwargs: tuple[str, ...] = ()
     max_concurrent_resets: int = DEFAULT_MAX_CONCURRENT_RESETS
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    max_waiting_connections: int = DEFAULT_MAX_WAITING_CONNECTIONS
 
     def __post_init__(self) -> None:
         from llm_gym.registration import check_trusted_env_id
@@ -61,13 +66,19 @@ class ServeConfig:
         self.env_ids = tuple(check_trusted_env_id(e, "--env") for e in self.env_ids)
         self._check_env_kwargs()
         self._check_allowed_kwargs()
-        for name in ("max_sessions", "max_action_chars", "max_body_bytes", "max_concurrent_resets"):
+        for name in (
+            "max_sessions",
+            "max_action_chars",
+            "max_body_bytes",
+            "max_concurrent_resets",
+            "max_waiting_connections",
+        ):
             v = getattr(self, name)
             if not is_int(v, numpy=False) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not is_int(self.port, numpy=False) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
-        for name in ("idle_timeout_s", "request_timeout_s", "shutdown_timeout_s"):
+        for name in ("idle_timeout_s", "request_timeout_s", "shutdown_timeout_s", "read_timeout_s"):
             v = getattr(self, name)
             if not is_number(v) or not 0 < v <= 86400:
                 raise ValueError(f"{name} must be a number of seconds in (0, 86400], got {v!r}")
@@ -131,6 +142,12 @@ class ServeConfig:
             )
 
     @property
+    def max_http_requests(self) -> int:
+        """HTTP requests in the app at once (503 beyond): the sessions and a margin
+        (:data:`~llm_gym.serve.protocol.HTTP_MARGIN`)."""
+        return self.max_sessions + HTTP_MARGIN
+
+    @property
     def ws_max_bytes(self) -> int:
         """Transport bound on one WebSocket message: the longest action as JSON (``\\uXXXX`` escapes of
         surrogate pairs take 12 bytes per character) plus room for the envelope and a reset's kwargs."""
@@ -142,6 +159,7 @@ class ServeConfig:
         out["env_ids"] = list(self.env_ids)
         out["token_required"] = bool(self.token)
         out["ws_max_bytes"] = self.ws_max_bytes
+        out["max_http_requests"] = self.max_http_requests
         return out
 
 
@@ -223,6 +241,18 @@ def add_parser(sub: Any, func: Any) -> None:
         help="seconds a reset or step may take before the session is closed with an error",
     )
     p.add_argument(
+        "--read_timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        help="seconds an HTTP request (headers and body) may take to arrive before its connection is closed",
+    )
+    p.add_argument(
+        "--max_waiting_connections",
+        type=int,
+        default=DEFAULT_MAX_WAITING_CONNECTIONS,
+        help="connections waiting for a request at once; one more closes the one that has waited longest",
+    )
+    p.add_argument(
         "--max_action_chars", type=int, default=DEFAULT_MAX_ACTION_CHARS, help="longest action (characters)"
     )
     p.add_argument(
@@ -287,5 +317,7 @@ def config_from_args(args: Any) -> ServeConfig:
         max_sessions=args.max_sessions,
         idle_timeout_s=args.idle_timeout,
         request_timeout_s=args.request_timeout,
+        read_timeout_s=args.read_timeout,
+        max_waiting_connections=args.max_waiting_connections,
         max_action_chars=args.max_action_chars,
     )

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import gymnasium as gym
 
-from llm_gym.core.checks import is_int
+from llm_gym.core.checks import is_int, is_number
 from llm_gym.core.env import ACTION_MAX_LENGTH
 from llm_gym.core.kwargs import (
     constructor_kwargs,
@@ -42,6 +42,15 @@ DEFAULT_MAX_SESSIONS = 256
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: Longest a reset or step may take before the server answers with an error and closes the session.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
+#: Longest an HTTP request (request line, headers and body) may take to arrive, counted from the connection's
+#: opening (or the previous response on a kept-alive connection); a connection still sending one is then closed.
+DEFAULT_READ_TIMEOUT_S = 10.0
+#: Connections waiting for a request (being read, or idle between two) at once; one more closes the one that has
+#: waited longest. Slow clients below this many are closed only by the read deadline, so they never touch a request
+#: that arrives at once; the bound keeps their memory and file descriptors in check.
+DEFAULT_MAX_WAITING_CONNECTIONS = 1024
+#: HTTP requests in the app at once (read in full, not yet answered) beyond the session limit: 503 past it.
+HTTP_MARGIN = 64
 #: Longest HTTP request body (the stateless OpenEnv endpoints and ``/llmgym/describe``).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 #: Resets (and env builds) that run at once; the others wait their turn within the request time bound. A reset
@@ -387,6 +396,76 @@ def dynamic_surface(env: gym.Env) -> dict[str, Any]:
         ok, value = _attribute(base, name)
         if ok:
             out[name] = value
+    return out
+
+
+def _kind(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return is_int(value, numpy=False)
+    if kind == "names":  # action_names
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "vocab":
+        return isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())
+    if kind == "reward_spec":
+        return isinstance(value, list) and all(
+            isinstance(row, list)
+            and len(row) == 3
+            and isinstance(row[0], str)
+            and is_number(row[1])
+            and math.isfinite(row[1])
+            and isinstance(row[2], str)
+            for row in value
+        )
+    if kind == "methods":
+        prompt = value.get("ragen_prompt") if isinstance(value, Mapping) else None
+        return (
+            isinstance(value, Mapping)
+            and isinstance(value.get("example_response", ""), str)
+            and (
+                prompt is None
+                or isinstance(prompt, Mapping)
+                and isinstance(prompt.get("instruction"), str)
+                and (prompt.get("legend") is None or isinstance(prompt.get("legend"), str))
+                and is_int(prompt.get("max_tokens"), numpy=False)
+                and set(prompt) == {"instruction", "legend", "max_tokens"}
+            )
+        )
+    raise AssertionError(kind)
+
+
+#: The JSON type of every attribute a server sends (:func:`static_surface`, :func:`dynamic_surface`); ``None`` is
+#: allowed for each (an attribute the env has not set yet).
+SURFACE_TYPES = {
+    **dict.fromkeys(
+        ("instructions", "rules", "observation_format", "observation_style", "parse_mode"), "str"
+    ),
+    "action_sep": "str",
+    **dict.fromkeys(("think", "turn_limit_terminates"), "bool"),
+    "action_names": "names",
+    **dict.fromkeys(("max_turns", "max_actions_per_turn", "max_actions", *DYNAMIC_ATTRIBUTES), "int"),
+    "vocab": "vocab",
+    "reward_spec": "reward_spec",
+    "methods": "methods",
+}
+
+
+def check_surface(attributes: Any) -> dict[str, Any]:
+    """A server's attributes (a reply is untrusted input): the known ones, each of its JSON type, else
+    ``ValueError`` naming the first that is not; unknown names are dropped (nothing reads them)."""
+    if not isinstance(attributes, Mapping):
+        raise ValueError("attributes must be a JSON object")
+    out = {}
+    for name, kind in SURFACE_TYPES.items():
+        if name not in attributes:
+            continue
+        value = attributes[name]
+        if value is not None and not _kind(value, kind):
+            raise ValueError(f"attribute {name!r} is not a {kind} value: {short_repr(value)}")
+        out[name] = value
     return out
 
 

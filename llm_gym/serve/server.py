@@ -271,6 +271,8 @@ class Guard:
     def __init__(self, app: Any, config: ServeConfig):
         self.app = app
         self.config = config
+        #: HTTP requests in the app now (read in full, not yet answered): at most max_http_requests
+        self.http_in_app = 0
 
     async def __call__(self, scope, receive, send):
         kind = scope["type"]
@@ -322,6 +324,21 @@ class Guard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        if self.http_in_app >= self.config.max_http_requests:
+            return await self._deny(
+                "http",
+                receive,
+                send,
+                503,
+                f"the server is busy: {self.http_in_app} requests running; try again",
+            )
+        self.http_in_app += 1
+        try:
+            await self._http_app(scope, receive, send, body)
+        finally:
+            self.http_in_app -= 1
+
+    async def _http_app(self, scope, receive, send, body: bytes) -> None:
         replayed = False
 
         async def replay():
@@ -399,12 +416,12 @@ class Guard:
                     return
                 if message["type"] == "websocket.close":
                     state["closed"] = True
-                    try:
-                        await send(message)
-                    except Exception:  # noqa: BLE001 (the peer left while we closed)
-                        pass
-                    return
-                await send(message)
+                try:
+                    await send(message)
+                except Exception:  # noqa: BLE001 (uvicorn's ClientDisconnected, OSError: the peer left)
+                    # A reply to a client that has gone: the session ends as at a disconnect, and the app's
+                    # next receive says so; a traceback per disconnect would let any client fill the log
+                    state["closed"] = True
 
         try:
             await self.app(scope, guarded_receive, guarded_send)
@@ -455,6 +472,8 @@ def create_app(config: ServeConfig):
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise RequestError(400, "the body must be a JSON object") from None
+        except RecursionError:  # Python's JSON reader recurses once per nesting level
+            raise RequestError(400, "the body is JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise RequestError(400, "the body must be a JSON object")
         unknown = sorted(str(k) for k in body if k not in ("env_id", "env_kwargs"))
@@ -568,6 +587,31 @@ def _uvicorn_server(uv_config: Any, shutdown_timeout_s: float, *, hard_exit: boo
     return Server(uv_config)
 
 
+def _raise_file_limit(config: ServeConfig) -> None:
+    """Enough file descriptors for every bound at once (sessions, waiting connections, requests in the app): the
+    soft limit is raised toward the hard one, else a warning says which limit a flood reaches first."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    need = 2 * config.max_sessions + config.max_waiting_connections + config.max_http_requests + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            print(
+                f"llmgym serve: warning: {soft} open files allowed (ulimit -n), fewer than the {need} the limits "
+                "can hold at once; lower --max_waiting_connections or --max_sessions, or raise ulimit -n",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def serve(
     config: ServeConfig, *, sock: socket.socket | None = None, announce: bool = True, hard_exit: bool = False
 ) -> None:
@@ -575,7 +619,12 @@ def serve(
     process is the server's alone, so a stop may end it without waiting for env threads (:func:`cmd_serve`)."""
     import uvicorn
 
+    from llm_gym.serve.connections import PendingPool, bounded_h11_protocol, quiet_client_faults
+
+    quiet_client_faults()
     app = create_app(config)
+    pool = PendingPool(config.max_waiting_connections, config.read_timeout_s)
+    _raise_file_limit(config)
     sock = sock or bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     uv = uvicorn.Config(
@@ -584,7 +633,9 @@ def serve(
         ws_max_size=config.ws_max_bytes,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
-        limit_concurrency=config.max_sessions + 64,
+        # uvicorn's limit_concurrency counts half-sent requests too (a slowloris made every request a 503): the
+        # pool bounds connections waiting for a request, Guard the requests in the app, OpenEnv the sessions
+        http=bounded_h11_protocol(pool),
         timeout_keep_alive=5,
         timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),  # uvicorn takes whole seconds
         lifespan="on",
