@@ -143,6 +143,7 @@ def step_clock(tr: Any, plan: list[str], clock: PhaseClock, records: list[dict[s
             tr.prefix_sharing = sharing if self.path == "ours" else None
             tr.turn_cache = cache if self.path == "ours" else None
             clock.reset()
+            self.used = (sharing.tokens.processed, cache.stats.prefill)
             self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -157,6 +158,9 @@ def step_clock(tr: Any, plan: list[str], clock: PhaseClock, records: list[dict[s
             rec.update({f"{p}_s": clock.spent[p] for p in PHASES})
             rec["rest_s"] = cpu - sum(clock.spent.values())
             rec.update(episodes=clock.episodes, sampled_tokens=clock.sampled_tokens, turns=clock.turns)
+            # tokens that went through the shared loss pass and the turn cache: none on the plain path
+            rec["shared_loss_tokens"] = sharing.tokens.processed - self.used[0]
+            rec["turn_cache_prefill"] = cache.stats.prefill - self.used[1]
             records.append(rec)
             print(
                 f"  step {rec['step']} {self.path:<5}: {cpu:.2f} CPU-s ({wall:.1f}s wall), "
