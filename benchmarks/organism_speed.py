@@ -1,10 +1,11 @@
 """Episodes per CPU-second of the model organism in whole GRPO steps: our defaults vs the plain path, same run.
 
-For each environment (the learning study's 3-turn deterministic 3x3 CoordFrozenLake, and Bandit with the organism
-profile's chat settings, ``trainer/profiles/organism/bandit.yaml``), one ``LLMGymGRPOTrainer`` on ``organism-m``
-(the 128-hidden organism, random weights) runs real training steps through ``Trainer.train``: 16 seeds x 8
-rollouts = 128 episodes a step, one optimizer step a round, the organism profile's optimizer and sampling settings
-(lr 1e-3, temperature 1.0, top_p 0.9, no entropy bonus, no SNR filter). The steps alternate between
+For each environment (the learning study's 3-turn deterministic 3x3 CoordFrozenLake with a 1,024-token episode
+budget, and Bandit), one ``LLMGymGRPOTrainer`` on ``organism-m`` (the 128-hidden organism, random weights) runs
+real training steps through ``Trainer.train`` at the organism probe's settings, which the organism profile
+(``trainer/profiles/organism/bandit.yaml``) holds: the compact chat (no instructions, no demonstration turn, no
+reasoning block, 12 new tokens a turn), 16 seeds x 8 rollouts = 128 episodes a step in one micro-batch, one
+optimizer step a round, lr 1e-3, temperature 1.0, top_p 0.9, no entropy bonus, no SNR filter. The steps alternate between
 
 * ours: today's defaults, prefix sharing (``use_prefix_sharing``) and the turn cache (``use_turn_cache``) on;
 * plain: both off (TRL's padded forwards, every turn re-prefilled from the start),
@@ -62,27 +63,21 @@ RUN_KEYS = (
     "temperature",
     "gradient_checkpointing",
 )
-#: Bandit's own chat and length settings from the same profile (FrozenLake keeps the learning study's).
-CHAT_KEYS = (
-    "think",
-    "include_instructions",
-    "one_shot_example",
-    "max_new_tokens",
-    "max_completion_length",
-    "max_turns",
-    "max_actions_per_turn",
-    "max_actions",
-)
+#: The profile's chat (the probe's: no instructions, no demonstration, no reasoning, 12 new tokens a turn), used
+#: for every environment.
+CHAT_KEYS = ("think", "include_instructions", "one_shot_example", "max_new_tokens")
+#: Bandit's episode length settings from the same profile (FrozenLake keeps the learning study's 3 turns).
+LENGTH_KEYS = ("max_completion_length", "max_turns", "max_actions_per_turn", "max_actions")
 
 
 def profile_settings(env: str) -> dict[str, Any]:
-    """The organism profile's round settings, plus its chat settings when it has a file for ``env``."""
+    """The organism profile's round and chat settings, plus its episode lengths for Bandit (its own env)."""
     from llm_gym.trainer.resolve import load_profile, profile_path
 
     path = profile_path("Bandit", "organism")
     assert path is not None
     data = load_profile(path)
-    keys = RUN_KEYS + (CHAT_KEYS if env == "Bandit" else ())
+    keys = RUN_KEYS + CHAT_KEYS + (LENGTH_KEYS if env == "Bandit" else ())
     return {k: data[k] for k in keys if k in data}
 
 

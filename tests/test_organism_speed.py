@@ -24,11 +24,12 @@ def test_plan_warms_up_both_paths_then_alternates_the_order_of_each_pair():
     assert bench.plan_steps(3) == ["ours", "plain", "plain", "ours", "ours", "plain", "plain", "ours"]
 
 
-def test_profile_settings_take_the_organism_profile_and_bandit_chat_only_for_bandit():
+def test_profile_settings_take_the_organism_profile_and_its_lengths_only_for_bandit():
     bench = load_bench()
     fl, bandit = bench.profile_settings("FrozenLake"), bench.profile_settings("Bandit")
     assert fl["num_prompts"] * fl["num_generations"] == 128 and fl["learning_rate"] == 1e-3
-    assert "max_completion_length" not in fl and "one_shot_example" not in fl
+    assert "max_completion_length" not in fl and "max_turns" not in fl
+    assert fl["one_shot_example"] is False and fl["include_instructions"] is False
     assert bandit["max_completion_length"] == 64 and bandit["one_shot_example"] is False
 
 
