@@ -5,23 +5,24 @@ budget, and Bandit), one ``LLMGymGRPOTrainer`` on ``organism-m`` (the 128-hidden
 real training steps through ``Trainer.train`` at the organism probe's settings, which the organism profile
 (``trainer/profiles/organism/bandit.yaml``) holds: the compact chat (no instructions, no demonstration turn, no
 reasoning block, 12 new tokens a turn), 16 seeds x 8 rollouts = 128 episodes a step in one micro-batch, one
-optimizer step a round, lr 1e-3, temperature 1.0, top_p 0.9, no entropy bonus, no SNR filter. The steps alternate between
+optimizer step a round, lr 1e-3, temperature 1.0, top_p 0.9, no entropy bonus, no SNR filter (``--model`` takes
+a model folder too, e.g. a warm start). The steps alternate between
 
 * ours: today's defaults, prefix sharing (``use_prefix_sharing``) and the turn cache (``use_turn_cache``) on;
 * plain: both off (TRL's padded forwards, every turn re-prefilled from the start),
 
 after one warm-up step of each (not counted); the order of each pair alternates, so load from other processes
 and the policy's drift hit both. A step's cost is this process's CPU time (``time.process_time``, with
-``OMP_NUM_THREADS=1``), which other jobs on a loaded machine do not inflate; wall time is printed beside it. The
-breakdown wraps the trainer's public hooks: generation (``rollout_func``: the multi-turn episodes), loss forward
+``OMP_NUM_THREADS=1``), which other jobs on a loaded machine inflate far less than wall time (two runs here
+differed by 4-7%); wall time is printed beside it. The breakdown wraps the trainer's public hooks: generation (``rollout_func``: the multi-turn episodes), loss forward
 (``compute_loss``), backward (``accelerator.backward``), optimizer (``optimizer.step``), and the rest (scoring,
 advantages, batching, clipping).
 
 The untrained organism writes the full ``max_new_tokens`` every turn and its answers are invalid, so FrozenLake
 episodes run all 3 turns: each step costs what a run's first steps cost (the probe's smoke run), more than a
 warm-started run whose replies are shorter; the sampled tokens per episode are printed so that runs compare.
-The last line reads ``organism speed: FrozenLake 40.2 episodes/CPU-s (2.41x plain, 2.51x the probe's 16), Bandit
-...``.
+The last line reads ``organism speed (organism-m): FrozenLake 7.2 episodes/CPU-s (1.51x plain, 0.45x the
+probe's 16), Bandit 176.6 episodes/CPU-s (3.14x plain)``.
 
     OMP_NUM_THREADS=1 python benchmarks/organism_speed.py --quick      # tiny random model, seconds
     OMP_NUM_THREADS=1 nice -n 5 python benchmarks/organism_speed.py --steps 3 --json /tmp/organism_speed.json
@@ -85,13 +86,13 @@ class PhaseClock:
     """CPU seconds spent inside wrapped callables, per phase, since the last :meth:`reset`."""
 
     def __init__(self) -> None:
-        self.spent: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self.episodes = 0
-        self.sampled_tokens = 0
-        self.turns = 0
+        self.spent: dict[str, float] = {}
+        self.episodes = self.sampled_tokens = self.turns = 0
+        self.reset()
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.spent = dict.fromkeys(PHASES, 0.0)
+        self.episodes = self.sampled_tokens = self.turns = 0
 
     def wrap(self, phase: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
