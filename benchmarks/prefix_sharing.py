@@ -75,7 +75,10 @@ def make_trainer(
     micro: int,
     quick: bool,
     max_completion_length: int = 320,
+    **overrides: Any,
 ) -> Any:
+    """A trainer on ``model_dir`` for ``setting`` in llmgym-train's CPU chat format, one optimizer step of
+    ``micro`` rows; ``overrides`` replace or add config values (``benchmarks/organism_speed.py``: a profile's)."""
     from llm_gym.trainer.config import LLMGymGRPOConfig
     from llm_gym.trainer.grpo import LLMGymGRPOTrainer
     from llm_gym.trainer.models import load_model_and_tokenizer
@@ -86,26 +89,29 @@ def make_trainer(
     args = LLMGymGRPOConfig(
         **tiny_config_kwargs(
             tempfile.mkdtemp(prefix="bench_prefix_"),
-            env=setting.env,
-            env_kwargs=setting.env_kwargs,
-            max_turns=setting.max_turns,
-            max_actions_per_turn=setting.max_actions_per_turn,
-            max_actions=setting.max_actions,
-            max_new_tokens=setting.max_new_tokens,
-            think=False,
-            one_shot_example=True,
-            temperature=0.7,
-            max_completion_length=max_completion_length,
-            num_prompts=prompts,
-            num_generations=group,
-            per_device_train_batch_size=micro,
-            gradient_checkpointing=not quick,
-            filter_strategy="off",
-            learning_rate=1e-5,
-            max_steps=1,
-            seed=0,
-            collapse_report="",
-            use_prefix_sharing=True,
+            **{
+                "env": setting.env,
+                "env_kwargs": setting.env_kwargs,
+                "max_turns": setting.max_turns,
+                "max_actions_per_turn": setting.max_actions_per_turn,
+                "max_actions": setting.max_actions,
+                "max_new_tokens": setting.max_new_tokens,
+                "think": False,
+                "one_shot_example": True,
+                "temperature": 0.7,
+                "max_completion_length": max_completion_length,
+                "num_prompts": prompts,
+                "num_generations": group,
+                "per_device_train_batch_size": micro,
+                "gradient_checkpointing": not quick,
+                "filter_strategy": "off",
+                "learning_rate": 1e-5,
+                "max_steps": 1,
+                "seed": 0,
+                "collapse_report": "",
+                "use_prefix_sharing": True,
+                **overrides,
+            },
         )
     )
     tr = LLMGymGRPOTrainer(model=model, args=args, processing_class=tok)
