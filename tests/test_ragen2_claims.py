@@ -234,7 +234,7 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     text = hook.expand(
         "\n\n".join(f"<!-- ragen2-claims-{n} -->" for n in hook.RENDERERS), work / "ragen2_claims.json"
     )
-    assert "<!--" not in text and "**0.750**" in text and "`top_k` | 0 of 2 | not run" in text
+    assert "<!--" not in text and "**0.750**" in text and "`top_k` | 0 of 2 | not run" in text and "One analysis took 0.30 s" in text
     assert (
         "**Missing:** `top_k` seeds 0, 1" in text
         and "RAGEN-2 Table 8: FrozenLake 3B GRPO | 0.33 | -5.0" in text

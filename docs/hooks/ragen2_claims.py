@@ -43,22 +43,24 @@ def arms_table(data: dict[str, Any]) -> str:
     thr = data["pilot"]["threshold"]
     lines = [
         f"| arm | seeds | held-out success, mean [95% bootstrap] | vs no filter (paired) | steps to {_f(thr, '.2f')} "
-        "(median, reached) | step time s (vs no filter) | groups kept | valid |",
-        "|---|---|---|---|---|---|---|---|",
+        "(median, reached) | step time s (vs no filter) | filter's own cost | groups kept | valid |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, a in _arms(data).items():
         s, d, t = a["success"], a["delta_vs_no_filter"], a["steps_to_threshold"]
         if not a["seeds"]:
-            lines.append(f"| `{key}` | 0 of {len(a['planned_seeds'])} | not run | | | | | |")
+            lines.append(f"| `{key}` | 0 of {len(a['planned_seeds'])} | not run | | | | | | |")
             continue
         delta = "" if d is None else f"{d['mean']:+.3f}{_ci(d['ci'], '+.3f')}"
         ratio = a["step_time"]["vs_no_filter"]
         time_ = _f(a["step_time"]["mean"], ".2f") + ("" if ratio is None else f" ({ratio:.2f}x)")
         steps = f"{_f(t['median'], '.0f')} ({t['reached']}/{len(a['seeds'])})"
         kept = _f(a["kept_frac"], ".2f") if a["arm"] != "off" else "1"
+        share = a["step_time"]["filter_cost_share"]
+        cost = "–" if share is None or a["arm"] == "off" else f"{100 * share:.3f}%"
         lines.append(
             f"| `{key}` | {len(a['seeds'])} | **{_f(s['mean'])}**{_ci(s['ci'])} | {delta} | {steps} | {time_} | "
-            f"{kept} | {_f(a['valid'], '.2f')} |"
+            f"{cost} | {kept} | {_f(a['valid'], '.2f')} |"
         )
     ws = [a["warm_start_success"] for a in _arms(data).values() if a["seeds"]]
     if ws:
@@ -117,11 +119,21 @@ def gradient_table(data: dict[str, Any]) -> str:
             f"| {b} | {_f(v['sqrt_reward_var'])} | {_f(v['task_norm'], '.4f')} | {_f(v['reg_norm'], '.4f')} | {v['n']} |"
         )
     rho = g["spearman_task_vs_sqrt_rv"]
+    ran = [a for a in _arms(data).values() if a.get("seeds")]
+    ga = [a["step_time"]["grad_analysis_seconds"] for a in ran if a["step_time"]["grad_analysis_seconds"]]
+    st = [a["step_time"]["mean"] for a in ran if a["step_time"]["mean"]]
+    cost = (
+        f" One analysis took {sum(ga) / len(ga):.2f} s on average against a {sum(st) / len(st):.2f} s training "
+        f"step ({sum(ga) / len(ga) / (sum(st) / len(st)):.2f}x a step, on one round in 10)."
+        if ga and st
+        else ""
+    )
     lines += [
         "",
         f"Over {g['points']} bucket points: Spearman(|g_task|, sqrt(Var(R|X))) {_f(rho, '+.2f')}; the ratio "
         f"|g_task| / sqrt(Var(R|X)) has median {_f(g['c_median'], '.3f')} and maximum {_f(g['c_max'], '.3f')}; "
-        f"the {g['zero_rv_points']} zero-variance bucket points have |g_task| at most {_f(g['zero_rv_task_norm_max'], '.2g')}.",
+        f"the {g['zero_rv_points']} zero-variance bucket points have |g_task| at most {_f(g['zero_rv_task_norm_max'], '.2g')}."
+        + cost,
     ]
     return "\n".join(lines)
 
