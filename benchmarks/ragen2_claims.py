@@ -205,6 +205,19 @@ def steps_to(steps: Sequence[int], success: Sequence[float], threshold: float) -
     return None
 
 
+#: A run's training rounds count as collapsed from the first step whose valid-answer rate is at or below this
+#: (the answers stopped naming a shown arm: one invalid template for every prompt).
+COLLAPSE_VALID = 0.05
+
+
+def collapse_step(steps: Sequence[int], valid: Sequence[float | None]) -> int | None:
+    """The first step whose training valid-answer rate is at or below :data:`COLLAPSE_VALID` (None: never)."""
+    for step, v in zip(steps, valid):
+        if v is not None and v <= COLLAPSE_VALID:
+            return int(step)
+    return None
+
+
 def pilot_threshold(curves: Sequence[Sequence[float]]) -> float:
     """Half the pilot's gain: per pilot run, its first :data:`SMOOTH` steps' mean training success plus half the way
     to the best trailing-:data:`SMOOTH` mean it reached (its peak, not its end: a run may collapse after learning),
@@ -480,6 +493,8 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
         reached = [v for v in ttt.values() if v is not None]
         off_time = _mean(r["step_time_plain"] for r in ref.values())
         time_ = _mean(got[s]["step_time_plain"] for s in seeds)
+        onset = [collapse_step(got[s]["steps"], got[s]["series"]["env/valid_action_rate"]) for s in seeds]
+        collapsed = [v for v in onset if v is not None]
         # a seed collapsed when its interval lies wholly below its own warm start's
         below = sum(
             got[s]["after"]["success"]["ci"][1] < got[s]["warm_start"]["success"]["ci"][0] for s in seeds
@@ -532,6 +547,9 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
                 "retrieval_acc_first": _mean(c.get("retrieval_acc") for c in first_mi),
                 "retrieval_acc_last": _mean(c.get("retrieval_acc") for c in final_mi),
                 "below_warm_start": below,
+                "collapsed_seeds": len(collapsed),
+                "collapse_step_per_seed": onset,
+                "collapse_step_median": float(np.median(collapsed)) if collapsed else None,
             },
             "cpu_seconds": _mean(got[s]["cpu_seconds"] for s in seeds),
             "wall_seconds": _mean(got[s]["wall_seconds"] for s in seeds),

@@ -83,6 +83,11 @@ def test_steps_to_threshold_reads_the_trailing_mean_and_the_pilot_sets_half_its_
     assert rc.pilot_threshold([[0.4] * 5 + [0.8] * 5 + [0.0] * 10]) == 0.6
 
 
+def test_collapse_onset_is_the_first_round_without_valid_answers(rc):
+    assert rc.collapse_step([1, 2, 3, 4], [0.9, None, 0.04, 0.0]) == 3
+    assert rc.collapse_step([1, 2], [0.9, 0.5]) is None
+
+
 def _episode(seed: int, arms: tuple[str, str], chosen: str | None, mode: str = "eval", step: int = 3) -> dict:
     return {
         "seed": seed,
@@ -234,7 +239,12 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     text = hook.expand(
         "\n\n".join(f"<!-- ragen2-claims-{n} -->" for n in hook.RENDERERS), work / "ragen2_claims.json"
     )
-    assert "<!--" not in text and "**0.750**" in text and "`top_k` | 0 of 2 | not run" in text and "One analysis took 0.30 s" in text
+    assert (
+        "<!--" not in text
+        and "**0.750**" in text
+        and "`top_k` | 0 of 2 | not run" in text
+        and "One analysis took 0.30 s" in text
+    )
     assert (
         "**Missing:** `top_k` seeds 0, 1" in text
         and "RAGEN-2 Table 8: FrozenLake 3B GRPO | 0.33 | -5.0" in text

@@ -73,8 +73,8 @@ def collapse_table(data: dict[str, Any]) -> str:
     last checkpoint, and the seeds that ended below their warm start's interval."""
     lines = [
         "| arm | top answer share | answer MI (bits) | first-listed arm | MI-ZScore first -> last | "
-        "retrieval acc. first -> last | seeds below warm start |",
-        "|---|---|---|---|---|---|---|",
+        "retrieval acc. first -> last | seeds below warm start | seeds collapsed (median onset step) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for key, a in _arms(data).items():
         if not a["seeds"]:
@@ -84,7 +84,9 @@ def collapse_table(data: dict[str, Any]) -> str:
             f"| `{key}` | {_f(c['top_answer_share'])} | {_f(c['answer_mi_bits'], '.2f')} | "
             f"{_f(c['first_listed_share'], '.2f')} | {_f(c['mi_zscore_first'], '.4f')} -> {_f(c['mi_zscore_last'], '.4f')} | "
             f"{_f(c['retrieval_acc_first'], '.2f')} -> {_f(c['retrieval_acc_last'], '.2f')} | "
-            f"{c['below_warm_start']} of {len(a['seeds'])} |"
+            f"{c['below_warm_start']} of {len(a['seeds'])} | {c['collapsed_seeds']} of {len(a['seeds'])}"
+            + ("" if c["collapse_step_median"] is None else f" ({c['collapse_step_median']:.0f})")
+            + " |"
         )
     return "\n".join(lines)
 
