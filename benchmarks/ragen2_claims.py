@@ -821,7 +821,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_cell(work, warm, cell, seed, pilot=True, quick=args.quick)
         for stage, cell, seed in planned(args.quick):
             if stage in stages:
-                r = run_cell(work, warm, cell, seed, pilot=False, quick=args.quick)
+                try:
+                    r = run_cell(work, warm, cell, seed, pilot=False, quick=args.quick)
+                except (
+                    SystemExit
+                ) as e:  # one failed run (its log names why) leaves the others to run; rerun retries it
+                    print(f"{stage} {run_name(cell, seed)}: FAILED: {e}", flush=True)
+                    continue
                 print(
                     f"{stage} {r['name']}: success {r['after']['success']['rate']:.3f}, {r['cpu_seconds']:.0f} CPU-s",
                     flush=True,
