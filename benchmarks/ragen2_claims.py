@@ -751,6 +751,7 @@ def plot(
             f"{SPEARMAN_KEYS[name]}: Spearman {rho:+.2f}" if rho is not None else SPEARMAN_KEYS[name],
             fontsize=8,
         )
+        ax.set_xlabel(SPEARMAN_KEYS[name])
         ax.set_ylabel("training success at the checkpoint")
     fig.tight_layout()
     paths.append(out / "ragen2_claims_spearman.png")
