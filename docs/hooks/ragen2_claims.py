@@ -133,7 +133,8 @@ def gradient_table(data: dict[str, Any]) -> str:
     lines += [
         "",
         f"Over {g['points']} bucket points: Spearman(|g_task|, sqrt(Var(R|X))) {_f(rho, '+.2f')}; the ratio "
-        f"|g_task| / sqrt(Var(R|X)) has median {_f(g['c_median'], '.3f')} and maximum {_f(g['c_max'], '.3f')}; "
+        f"|g_task| / sqrt(Var(R|X)) has median {_f(g['c_median'], '.3f')}, 95th percentile "
+        f"{_f(g.get('c_p95'), '.3f')} and maximum {_f(g['c_max'], '.3f')}; "
         f"the {g['zero_rv_points']} zero-variance bucket points have |g_task| at most {_f(g['zero_rv_task_norm_max'], '.2g')}."
         + cost,
     ]
