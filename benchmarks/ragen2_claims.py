@@ -205,17 +205,28 @@ def steps_to(steps: Sequence[int], success: Sequence[float], threshold: float) -
     return None
 
 
-#: A run's training rounds count as collapsed from the first step whose valid-answer rate is at or below this
-#: (the answers stopped naming a shown arm: one invalid template for every prompt).
+#: Valid-answer rate at or below which a round (or the final evaluation) counts as collapsed: the replies stopped
+#: naming a shown arm, one invalid template for every prompt.
 COLLAPSE_VALID = 0.05
 
 
 def collapse_step(steps: Sequence[int], valid: Sequence[float | None]) -> int | None:
-    """The first step whose training valid-answer rate is at or below :data:`COLLAPSE_VALID` (None: never)."""
+    """The step from which every later round's training valid-answer rate stays at or below
+    :data:`COLLAPSE_VALID` to the end of the run (None when the last round is above it)."""
+    onset = None
     for step, v in zip(steps, valid):
-        if v is not None and v <= COLLAPSE_VALID:
-            return int(step)
-    return None
+        if v is None:
+            continue
+        if v <= COLLAPSE_VALID:
+            onset = int(step) if onset is None else onset
+        else:
+            onset = None
+    return onset
+
+
+def dipped(valid: Sequence[float | None]) -> bool:
+    """Whether any round's valid-answer rate fell to :data:`COLLAPSE_VALID` or below."""
+    return any(v is not None and v <= COLLAPSE_VALID for v in valid)
 
 
 def pilot_threshold(curves: Sequence[Sequence[float]]) -> float:
@@ -493,8 +504,15 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
         reached = [v for v in ttt.values() if v is not None]
         off_time = _mean(r["step_time_plain"] for r in ref.values())
         time_ = _mean(got[s]["step_time_plain"] for s in seeds)
-        onset = [collapse_step(got[s]["steps"], got[s]["series"]["env/valid_action_rate"]) for s in seeds]
+        # collapsed: the run ended with (almost) no valid answer on the held-out seeds; its onset is the step
+        # from which training rounds stayed so; a dip: some round fell so low and the run recovered
+        ended = {s for s in seeds if got[s]["after"]["valid"]["rate"] <= COLLAPSE_VALID}
+        onset = [
+            collapse_step(got[s]["steps"], got[s]["series"]["env/valid_action_rate"]) if s in ended else None
+            for s in seeds
+        ]
         collapsed = [v for v in onset if v is not None]
+        dips = sum(dipped(got[s]["series"]["env/valid_action_rate"]) for s in seeds if s not in ended)
         # a seed collapsed when its interval lies wholly below its own warm start's
         below = sum(
             got[s]["after"]["success"]["ci"][1] < got[s]["warm_start"]["success"]["ci"][0] for s in seeds
@@ -547,7 +565,8 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
                 "retrieval_acc_first": _mean(c.get("retrieval_acc") for c in first_mi),
                 "retrieval_acc_last": _mean(c.get("retrieval_acc") for c in final_mi),
                 "below_warm_start": below,
-                "collapsed_seeds": len(collapsed),
+                "collapsed_seeds": len(ended),
+                "recovered_dips": dips,
                 "collapse_step_per_seed": onset,
                 "collapse_step_median": float(np.median(collapsed)) if collapsed else None,
             },

@@ -83,9 +83,13 @@ def test_steps_to_threshold_reads_the_trailing_mean_and_the_pilot_sets_half_its_
     assert rc.pilot_threshold([[0.4] * 5 + [0.8] * 5 + [0.0] * 10]) == 0.6
 
 
-def test_collapse_onset_is_the_first_round_without_valid_answers(rc):
+def test_collapse_onset_is_the_round_from_which_valid_answers_stay_gone(rc):
     assert rc.collapse_step([1, 2, 3, 4], [0.9, None, 0.04, 0.0]) == 3
-    assert rc.collapse_step([1, 2], [0.9, 0.5]) is None
+    assert rc.collapse_step([1, 2, 3, 4, 5], [0.9, 0.0, 0.6, 0.05, 0.01]) == 4  # the dip at 2 recovered
+    assert (
+        rc.collapse_step([1, 2, 3], [0.9, 0.0, 0.5]) is None and rc.collapse_step([1, 2], [0.9, 0.5]) is None
+    )
+    assert rc.dipped([0.9, 0.0, 0.5]) and not rc.dipped([0.9, None, 0.5])
 
 
 def _episode(seed: int, arms: tuple[str, str], chosen: str | None, mode: str = "eval", step: int = 3) -> dict:

@@ -73,8 +73,9 @@ def collapse_table(data: dict[str, Any]) -> str:
     last checkpoint, and the seeds that ended below their warm start's interval."""
     lines = [
         "| arm | top answer share | answer MI (bits) | first-listed arm | MI-ZScore first -> last | "
-        "retrieval acc. first -> last | seeds below warm start | seeds collapsed (median onset step) |",
-        "|---|---|---|---|---|---|---|---|",
+        "retrieval acc. first -> last | seeds below warm start | seeds collapsed (median onset step) | "
+        "recovered dips |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, a in _arms(data).items():
         if not a["seeds"]:
@@ -86,7 +87,7 @@ def collapse_table(data: dict[str, Any]) -> str:
             f"{_f(c['retrieval_acc_first'], '.2f')} -> {_f(c['retrieval_acc_last'], '.2f')} | "
             f"{c['below_warm_start']} of {len(a['seeds'])} | {c['collapsed_seeds']} of {len(a['seeds'])}"
             + ("" if c["collapse_step_median"] is None else f" ({c['collapse_step_median']:.0f})")
-            + " |"
+            + f" | {c.get('recovered_dips', 0)} |"
         )
     return "\n".join(lines)
 
