@@ -608,6 +608,9 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
         "c_median": float(np.median([g["task_norm"] / g["sqrt_reward_var"] for g in nonzero]))
         if nonzero
         else None,
+        "c_p95": float(np.quantile([g["task_norm"] / g["sqrt_reward_var"] for g in nonzero], 0.95))
+        if nonzero
+        else None,
         "by_bucket": {
             str(b): {
                 "sqrt_reward_var": _mean(g["sqrt_reward_var"] for g in gs),
