@@ -536,6 +536,10 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
             "valid": _mean(got[s]["after"]["valid"]["rate"] for s in seeds),
             "warm_start_success": _mean(got[s]["warm_start"]["success"]["rate"] for s in seeds),
             "delta_vs_no_filter": None if cell.arm == "off" else _paired_delta(got, ref),
+            # the crossing's own effect: the same filter without KL and entropy bonus, paired by seed
+            "delta_vs_plain": None
+            if not (cell.beta or cell.entropy)
+            else _paired_delta(got, by_cell.get(Cell(cell.arm).key, {})),
             "steps_to_threshold": {
                 "threshold": threshold,
                 "per_seed": [ttt.get(s) for s in seeds],

@@ -38,7 +38,7 @@ def _markers() -> list[tuple[str, str]]:
         ("organism_learning", "<!-- organism-learning-defaults -->"),
         *[
             ("ragen2_claims", f"<!-- ragen2-claims-{n} -->")
-            for n in ("arms", "collapse", "spearman", "gradient", "table8", "status")
+            for n in ("arms", "crossings", "collapse", "spearman", "gradient", "table8", "status")
         ],
     ]
 

@@ -235,7 +235,10 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert result["pilot"]["seeds"] == [100] and 0.4 < result["pilot"]["threshold"] < 0.8
     # MI tracks success in these runs, entropy falls with it
     assert result["spearman"]["mi"]["rho"] > 0.8 and result["spearman"]["entropy"]["rho"] < -0.8
-    assert result["gradient"]["c_max"] == pytest.approx(2.0) == result["gradient"]["c_p95"] and result["gradient"]["zero_rv_points"] == 12
+    assert (
+        result["gradient"]["c_max"] == pytest.approx(2.0) == result["gradient"]["c_p95"]
+        and result["gradient"]["zero_rv_points"] == 12
+    )
     assert rc.PENDING_ENVS.keys() <= result["envs"].keys()
     out = capsys.readouterr().out
     assert "top_p: success 0.750" in out and "runs done 6 of 8" in out

@@ -68,6 +68,23 @@ def arms_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def crossings_table(data: dict[str, Any]) -> str:
+    """Each KL / entropy-bonus crossing against the same filter without it (paired by seed)."""
+    lines = [
+        "| arm | seeds | held-out success | vs the same filter without KL / entropy bonus (paired) |",
+        "|---|---|---|---|",
+    ]
+    for key, a in _arms(data).items():
+        d = a.get("delta_vs_plain")
+        if not (a["beta"] or a["entropy_coef"]) or not a["seeds"]:
+            continue
+        delta = "" if d is None else f"{d['mean']:+.3f}{_ci(d['ci'], '+.3f')}"
+        lines.append(
+            f"| `{key}` | {len(a['seeds'])} | {_f(a['success']['mean'])}{_ci(a['success']['ci'])} | {delta} |"
+        )
+    return "\n".join(lines)
+
+
 def collapse_table(data: dict[str, Any]) -> str:
     """Per arm: the final evaluation's answer concentration, MI-ZScore and retrieval accuracy at the first and the
     last checkpoint, and the seeds that ended below their warm start's interval."""
@@ -184,6 +201,7 @@ def status(data: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "arms": arms_table,
+    "crossings": crossings_table,
     "collapse": collapse_table,
     "spearman": spearman_table,
     "gradient": gradient_table,
