@@ -113,6 +113,8 @@ STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "core": (tuple(Cell(a) for a in ARMS), tuple(range(10))),
     "kl": (tuple(Cell(a, b) for b in (0.01, 0.04) for a in ("off", "top_p")), tuple(range(5))),
     "entropy": (tuple(Cell(a, 0.0, 0.001) for a in ("off", "top_p")), tuple(range(5))),
+    # KL 0.01 (the crossing's strongest contrast in the first 5 seeds) to 10 seeds
+    "kl_seeds": (tuple(Cell(a, 0.01) for a in ("off", "top_p")), tuple(range(5, 10))),
 }
 PILOT_CELLS = (Cell("off"), Cell("top_p"))
 PILOT_SEEDS = (100, 101)
