@@ -722,9 +722,11 @@ def plot(
         if r["beta"] == 0 and r["entropy_coef"] == 0:
             by_cell.setdefault(r["cell"], []).append(r)
     for i, (k, rs) in enumerate(sorted(by_cell.items())):
-        n = min(len(r["series"]["env/success"]) for r in rs)
-        curve = np.mean([trailing_mean(r["series"]["env/success"][:n]) for r in rs], axis=0)
-        ax.plot(rs[0]["steps"][:n], curve, color=f"C{i}", label=f"{k} ({len(rs)} seeds)")
+        # a run the filter stopped early (no group kept for 5 rounds) keeps its last value to the end
+        n = max(len(r["series"]["env/success"]) for r in rs)
+        curves = [trailing_mean([v or 0.0 for v in r["series"]["env/success"]]) for r in rs]
+        curve = np.mean([c + [c[-1]] * (n - len(c)) for c in curves], axis=0)
+        ax.plot(range(1, n + 1), curve, color=f"C{i}", label=f"{k} ({len(rs)} seeds)")
     for r in pilot:
         ax.plot(r["steps"], trailing_mean(r["series"]["env/success"]), color="grey", lw=0.7, alpha=0.6)
     if result["pilot"]["threshold"] is not None:
