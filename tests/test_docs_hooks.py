@@ -36,6 +36,10 @@ def _markers() -> list[tuple[str, str]]:
         ("organism_learning", "<!-- organism-learning -->"),
         ("organism_learning", "<!-- organism-frozenlake-sft -->"),
         ("organism_learning", "<!-- organism-learning-defaults -->"),
+        *[
+            ("ragen2_claims", f"<!-- ragen2-claims-{n} -->")
+            for n in ("arms", "crossings", "collapse", "spearman", "gradient", "table8", "status")
+        ],
     ]
 
 

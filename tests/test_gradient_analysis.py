@@ -4,6 +4,7 @@ the tiny model: the analysis leaves the run bitwise unchanged, and its ``all`` n
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -245,7 +246,7 @@ def _constant_reward(prompts, completions, **_):
     ids=["task-dapo-3-micro", "task-grpo-1-micro", "entropy-grpo-1-micro"],
 )
 def test_the_all_bucket_norm_is_the_norm_of_the_update(
-    tiny_dir, tmp_path, monkeypatch, term, loss_type, ga_steps, per_device
+    tiny_dir, tmp_path, monkeypatch, capsys, term, loss_type, ga_steps, per_device
 ):
     """SGD at lr 1 without clipping: the update is minus the round's gradient, whose norm the ``all`` bucket
     reports: the task term's with no regulariser (TRL's dapo normalises by the round's tokens across micro-batches,
@@ -288,3 +289,9 @@ def test_the_all_bucket_norm_is_the_norm_of_the_update(
     assert log["grad_analysis/all/sqrt_reward_var"] == pytest.approx(np.sqrt((0 + 1 / 3 + 1 / 4) / 3))
     assert log["grad_analysis/all/groups"] == 3 and log["grad_analysis/all/rows"] == 12
     assert log["grad_analysis/seconds"] > 0
+    # its cost is printed, the same seconds as logged
+    printed = re.search(
+        r"gradient analysis, round 0: 3 buckets of 3 groups \(12 rows, terms task\) in ([0-9.]+)s",
+        capsys.readouterr().out,
+    )
+    assert printed and float(printed.group(1)) == pytest.approx(log["grad_analysis/seconds"], abs=0.006)

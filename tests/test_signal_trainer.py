@@ -110,6 +110,12 @@ def test_dropped_groups_never_reach_the_loss_and_mi_follows_its_cadence(tiny_dir
     assert logs[1]["snr/kept_groups"] == 1 and logs[1]["snr/num_groups"] == 3
     assert logs[1]["snr/padding_rows"] == 1 and logs[1]["snr/skipped"] == 0
     assert logs[1]["frac_reward_zero_std"] == pytest.approx(2 / 3)
+    # Std(RV) and Std(RV)/Mean(RV) (RAGEN-2 Table 8's predictor) on every round: variances 0, 0.5, 0 -> 0.236, 1.41
+    rounds = {s: h for s, h in logs.items() if "snr/num_groups" in h}
+    assert sorted(rounds) == [1, 4, 7]
+    for h in rounds.values():
+        assert h["snr/group_var_std"] == pytest.approx(np.std([0, 0.5, 0]))
+        assert h["snr/group_var_cv"] == pytest.approx(np.sqrt(2))
     mi_steps = sorted(s for s, h in logs.items() if "mi/first_turn/mi_est" in h)
     assert mi_steps == [1, 7]  # rounds 0 and 2 of mi_every=2; round 1 (step 4) has none
     assert "mi/trajectory/mi_zscore_ema" in logs[1] and "mi/first_turn/retrieval_chance" in logs[1]

@@ -29,6 +29,8 @@ def test_cpu_run_reports_baseline_logs_mi_and_plots_collapse(tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "collapse.jsonl").read_text().splitlines()]
     assert any(k.startswith("mi/first_turn/") for r in rows for k in r)
     assert any(k.startswith("mi/trajectory/") for r in rows for k in r)
+    # success, valid answers and step time beside them: collapse and cost read against learning from one file
+    assert all({"env/success", "env/valid_action_rate", "step_time"} <= r.keys() for r in rows)
     assert (out / "collapse.png").read_bytes()[:4] == b"\x89PNG"
     # the learning curve and one episode of the last evaluation, as GIF
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

@@ -34,8 +34,18 @@ logger = logging.getLogger(__name__)
 
 #: Metric prefixes the collapse report keeps from each log line (``grad_analysis/``: on analysis rounds only).
 REPORT_PREFIXES = ("mi/", "snr/", "grad_analysis/")
-#: Keys (beyond :data:`REPORT_PREFIXES`) the collapse report keeps from each log line.
-REPORT_KEYS = ("entropy", "reward", "reward_std", "frac_reward_zero_std", "kl")
+#: Keys (beyond :data:`REPORT_PREFIXES`) the collapse report keeps from each log line: the success and the step
+#: time beside the MI and entropy series, so collapse and cost can be read against learning from one file.
+REPORT_KEYS = (
+    "entropy",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "env/success",
+    "env/valid_action_rate",
+    "step_time",
+)
 
 
 class StopSignal:
