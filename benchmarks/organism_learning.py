@@ -10,7 +10,7 @@ Parts, each saved in ``--work-dir`` as it finishes (rerunning the same command s
 * ``frozenlake_sft_*`` (part ``frozenlake``): the sample-efficiency gap. ``llmgym-sft`` trains ``organism-s`` on
   3x3 CoordFrozenLake solver episodes (seeds 1,000,000.., steps of 32 episodes, lr 1e-3 constant) with the loss
   on every reply token alike (TRL's loss, 300 steps) and with the format tokens weighed 0.1
-  (``--format_loss_weight``, 300 and 600 steps), each evaluated greedily on 512 held-out seeds (200,000..) beside
+  (``--format_loss_weight``, 300, 600 and 900 steps), each evaluated greedily on 512 held-out seeds (200,000..) beside
   random valid moves and the optimum; ``frozenlake_control``: the plain-PyTorch control
   (``benchmarks/plain_control.py``) trained on every move of the same episodes and played on the same seeds.
 * ``defaults_*``: RL from the same warm start with the grpo preset's entropy bonus (0.001) and per-group reward
@@ -223,7 +223,7 @@ FL_KWARGS = _FROZENLAKE.env_kwargs_with_limits()
 #: ``llmgym-sft`` runs compared, name -> (format-token loss weight, steps); ``w1`` (TRL's loss, 300 steps) is the
 #: reference. The organism reads the board only after a plateau of ~250 steps (its training accuracy on the move
 #: stays near the moves' marginal until then), so the same data is also trained twice as long.
-FL_RUNS = {"w1": (1.0, 300), "w0.1": (0.1, 300), "w0.1_600": (0.1, 600)}
+FL_RUNS = {"w1": (1.0, 300), "w0.1": (0.1, 300), "w0.1_600": (0.1, 600), "w0.1_900": (0.1, 900)}
 #: The plain-PyTorch control (benchmarks/plain_control.py): trained on every move of the same solver episodes.
 FL_CONTROL_STEPS = 300
 
@@ -355,14 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     work, quick = args.work_dir, args.quick
     keep = set(parts) != set(PARTS) or args.reuse_published
     result: dict[str, Any] = json.loads(PUBLISHED.read_text()) if keep and not quick else {}
-    result.update(
-        {
-            "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
-            "cpus": os.cpu_count(),
-            "quick": quick,
-        }
-    )
+    # the file's date and machine are the whole run's; a part run alone dates its own section
+    stamp = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
+        "cpus": os.cpu_count(),
+    }
+    if not result:
+        result.update(stamp)
+    result["quick"] = quick
     envs = result.setdefault("envs", {})
     if "bandit" in parts:
         envs["llmgym/Bandit-v0"] = {"grpo": part_bandit(work, quick)}
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": "organism-s",
             "runs": part_frozenlake_sft(work, quick, reuse),
             "control": part_frozenlake_control(work, quick),
+            **({"date": stamp["date"]} if keep else {}),
         }
     text = json.dumps(result, indent=2) + "\n"
     (args.work_dir / "organism_learning.json").write_text(text)

@@ -767,12 +767,12 @@ def _code_strings(path: Path) -> list[str]:
     return out
 
 
-PUBLISHING_BENCHMARKS = ("learning_study.py", "organism_learning.py")
+PUBLISHING_BENCHMARKS = ("learning_study.py", "organism_learning.py", "ragen2_claims.py")
 
 
 @pytest.mark.parametrize(
     "path",
-    # these two publish with an explicit --publish flag; their own tests check that --quick writes nothing there
+    # these publish with an explicit --publish flag; their own tests check that --quick writes nothing there
     [p for p in sorted((REPO / "benchmarks").glob("*.py")) if p.name not in PUBLISHING_BENCHMARKS],
     ids=lambda p: p.name,
 )

@@ -52,8 +52,8 @@ def control(data) -> dict:
 
 @pytest.fixture(scope="module")
 def sft_run(data, tmp_path_factory) -> Path:
-    """``llmgym-sft`` as the benchmark's ``w0.1_600`` run, with a checkpoint at 300 steps (the broken twin)."""
-    weight, steps = ORGANISM.FL_RUNS["w0.1_600"]
+    """``llmgym-sft`` as the benchmark's ``w0.1_900`` run, with a checkpoint at 300 steps (the broken twin)."""
+    weight, steps = ORGANISM.FL_RUNS["w0.1_900"]
     out = tmp_path_factory.mktemp("sft")
     argv = ["--model", "organism-s", "--data", str(data), "--output_dir", str(out), "--max_steps", str(steps)]
     argv += [
