@@ -410,9 +410,12 @@ def test_a_generation_config_it_cannot_match_turns_it_off_for_that_round(tiny_mo
 
 
 # ------------------------------------------------------------------------------------------ the trainer
-def test_trainer_rows_are_unchanged_and_the_summary_counts_prefill(tiny_dir, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_trainer_rows_are_unchanged_and_the_summary_counts_prefill(tiny_dir, tmp_path, checkpointing):
     """``use_turn_cache`` on by default: the training rows (prompt, completion ids, masks) of a round equal those of
-    the same round without it, and the counts reach the summary line."""
+    the same round without it, and the counts reach the summary line. Also with gradient checkpointing on (the
+    CPU settings' default), where a model in training mode would ignore a cache it is passed unless generation
+    turns checkpointing off."""
     from llm_gym.trainer.rollouts import seed_prompt
 
     from tests._tiny import make_tiny_trainer, tiny_run_kwargs
@@ -430,8 +433,13 @@ def test_trainer_rows_are_unchanged_and_the_summary_counts_prefill(tiny_dir, tmp
         max_completion_length=400,
         max_new_tokens=6,
         filter_strategy="off",
+        gradient_checkpointing=checkpointing,
     )
     tr = make_tiny_trainer(tiny_dir, kwargs)
+    if checkpointing:  # what Trainer.train does before the first round
+        tr.model.activation_checkpointing_enable()
+    tr.model.train()
+    assert tr.model.is_activation_checkpointing is checkpointing
     assert tr.args.use_turn_cache is None and isinstance(tr.turn_cache, tc.TurnCache)
     rows = [{"prompt": seed_prompt(s)} for s in (5, 5, 5, 5, 6, 6, 6, 6)]
     out = {}
