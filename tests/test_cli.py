@@ -419,3 +419,29 @@ def test_a_cpu_sized_profile_is_not_resized_by_the_cpu_layer():
         ["--profile", "organism", "--env", "Bandit", "--warm_start", "none"], gpu=False, log=lambda *_: None
     )
     assert cfg.warm_start is None
+
+
+def test_the_organism_frozenlake_profile_keeps_its_recipe_on_a_cpu():
+    from llm_gym.trainer.resolve import resolve_config
+
+    cfg, meta = resolve_config(
+        ["--profile", "organism", "--env", "CoordFrozenLake"], gpu=False, log=lambda *_: None
+    )
+    assert meta["model"] == "organism-s" and cfg.env == "llmgym/CoordFrozenLake-v0"
+    # the warm start that reads the board: a constant rate through the organism's plateau, format tokens at 0.1
+    assert (cfg.warm_start, cfg.warm_start_max_steps, cfg.warm_start_lr_scheduler_type) == (
+        "expert",
+        300,
+        "constant",
+    )
+    assert cfg.warm_start_format_loss_weight == 0.1
+    # the pilots' RL settings, not the CPU layer's (temperature 0.7, one_shot_example) nor the Bandit recipe's
+    assert (cfg.learning_rate, cfg.temperature, cfg.max_steps, cfg.max_completion_length) == (
+        3e-4,
+        1.0,
+        400,
+        1024,
+    )
+    assert not cfg.one_shot_example and cfg.include_instructions and cfg.demonstration == "action"
+    assert cfg.make_env_kwargs()["size"] == 3 and cfg.make_env_kwargs()["max_turns"] == 3
+    assert (cfg.eval_seed, cfg.num_eval_seeds, cfg.eval_temperature) == (200_000, 512, 0.0)

@@ -99,6 +99,21 @@ def test_warm_start_passes_its_weight_to_the_sft_config(tmp_path):
     assert sft_config(config, tmp_path / "ws", tmp_path / "d.jsonl").format_loss_weight == 0.2
 
 
+def test_warm_start_passes_its_schedule_to_the_sft_config(tmp_path):
+    from llm_gym.trainer.config import LLMGymGRPOConfig
+    from llm_gym.trainer.warm_start import sft_config
+
+    def config(**kw):
+        return LLMGymGRPOConfig(output_dir=str(tmp_path), use_cpu=True, warm_start="expert", **kw)
+
+    # TRL's default unless asked: the Bandit organism profile's recorded warm start decays linearly
+    assert sft_config(config(), tmp_path / "ws", tmp_path / "d").lr_scheduler_type == "linear"
+    ws = sft_config(config(warm_start_lr_scheduler_type="constant"), tmp_path / "ws", tmp_path / "d")
+    assert ws.lr_scheduler_type == "constant"
+    with pytest.raises(ValueError, match="warm_start_lr_scheduler_type must be one of"):
+        config(warm_start_lr_scheduler_type="cosine_typo")
+
+
 def test_llmgym_sft_trains_with_the_weighted_loss(tiny_dir, tmp_path, monkeypatch):
     import json
 

@@ -713,6 +713,13 @@ class WarmStartArguments:
         default=1.0,
         metadata={"help": "The warm start's format_loss_weight (llmgym-sft's; 1.0 = TRL's loss)."},
     )
+    warm_start_lr_scheduler_type: str = field(
+        default="linear",
+        metadata={
+            "help": "The warm start's learning-rate schedule (TRL's lr_scheduler_type; default linear, TRL's). "
+            "constant suits a model that learns after a plateau (the organism on FrozenLake)."
+        },
+    )
 
     def validate_warm_start_args(self) -> None:
         if isinstance(self.warm_start, str) and self.warm_start.strip().lower() == "none":
@@ -742,6 +749,14 @@ class WarmStartArguments:
         if not _finite("warm_start_learning_rate", self.warm_start_learning_rate) > 0:
             raise ValueError(f"warm_start_learning_rate must be > 0, got {self.warm_start_learning_rate}")
         check_format_loss_weight("warm_start_format_loss_weight", self.warm_start_format_loss_weight)
+        from transformers.trainer_utils import SchedulerType
+
+        schedules = [s.value for s in SchedulerType]
+        if self.warm_start_lr_scheduler_type not in schedules:  # fail before the RL model loads, not after
+            raise ValueError(
+                f"warm_start_lr_scheduler_type must be one of {', '.join(schedules)}, "
+                f"got {self.warm_start_lr_scheduler_type!r}"
+            )
 
     @property
     def warm_start_fraction(self) -> float | None:

@@ -164,6 +164,7 @@ def sft_config(config: Any, folder: Path, data: Path) -> Any:
         eval_seed=config.eval_seed,
         num_eval_seeds=config.num_eval_seeds,
         learning_rate=config.warm_start_learning_rate,
+        lr_scheduler_type=config.warm_start_lr_scheduler_type,
         format_loss_weight=config.warm_start_format_loss_weight,
         max_steps=config.warm_start_max_steps,
         per_device_train_batch_size=micro,
