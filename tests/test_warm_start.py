@@ -144,6 +144,23 @@ def test_data_in_another_chat_than_the_run_is_named():
     assert chat_differences(config, [{k: v for k, v in same[0].items() if k != "chat"}]) == []
 
 
+def test_an_sft_model_shown_another_chat_than_its_data_is_warned_with_the_flags(tmp_path):
+    from llm_gym.trainer.warm_start import model_chat_warnings
+
+    # what llmgym-sft records in its output folder: the data's chat, in config names
+    data_chat = {"include_instructions": True, "one_shot_example": False, "demonstration": "action"}
+    (tmp_path / "llmgym_sft.json").write_text(json.dumps({"data": {"chat": data_chat}}))
+    shown, _ = resolve_config([*FL, "--one_shot_example", "True"], gpu=False)
+    [line] = model_chat_warnings(shown, str(tmp_path))
+    assert "one_shot_example (data False, run True)" in line and "pass --one_shot_example False" in line
+    same, _ = resolve_config([*FL, "--one_shot_example", "False"], gpu=False)
+    assert model_chat_warnings(same, str(tmp_path)) == []
+    # not an llmgym-sft folder, or a record without a chat: nothing to compare, no warning and no crash
+    assert model_chat_warnings(shown, str(tmp_path / "missing")) == []
+    (tmp_path / "llmgym_sft.json").write_text('{"data": []}')
+    assert model_chat_warnings(shown, str(tmp_path)) == []
+
+
 def test_a_resumed_run_reuses_the_base_evaluation_only_with_the_same_settings(tmp_path, monkeypatch):
     from llm_gym.trainer import warm_start
 

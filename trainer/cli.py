@@ -275,8 +275,10 @@ def run(config: Any, meta: dict[str, Any]) -> int:
         f"output {config.output_dir}"
     )
     from llm_gym.trainer.organism import small_model_warnings
+    from llm_gym.trainer.warm_start import model_chat_warnings
 
-    for line in small_model_warnings(sum(p.numel() for p in model.parameters()), config.entropy_coef):
+    warnings = small_model_warnings(sum(p.numel() for p in model.parameters()), config.entropy_coef)
+    for line in warnings + model_chat_warnings(config, str(meta["model"])):
         say(f"llmgym-train: warning: {line}")
     do_eval = config.eval_before_after and config.num_eval_seeds > 0
     before = trainer.evaluate() if do_eval else {}

@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,15 +136,47 @@ def chat_differences(config: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
     them learns a chat that RL and the evaluations do not show. Empty when the rows record no chat."""
     from llm_gym.trainer.sft import data_settings
 
+    differ = chat_mismatch(config, data_settings(rows)["chat"])
+    return [f"{k} (data {d!r}, run {r!r})" for k, (d, r) in differ.items()]
+
+
+def chat_mismatch(config: Any, recorded: Mapping[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+    """Setting -> (data's, run's) for each chat setting in which data rendered with ``recorded`` (config names,
+    as ``llmgym-sft`` records them) differs from the run's; empty when nothing is recorded."""
     from llm_gym.agent.chat import CHAT_SETTINGS, chat_format_from_settings, chat_settings
 
-    recorded = data_settings(rows)["chat"]
     if not recorded:
-        return []
-    data, run = chat_settings(chat_format_from_settings(recorded)), chat_settings(config.chat_format())
+        return {}
+    data, run = chat_settings(chat_format_from_settings(dict(recorded))), chat_settings(config.chat_format())
     if not data["one_shot_example"] and not run["one_shot_example"]:
         data["demonstration"] = run["demonstration"]  # no demonstration shown: what it would answer is moot
-    return [f"{k} (data {data[k]!r}, run {run[k]!r})" for k in CHAT_SETTINGS if data[k] != run[k]]
+    return {k: (data[k], run[k]) for k in CHAT_SETTINGS if data[k] != run[k]}
+
+
+def model_chat_warnings(config: Any, model: str) -> list[str]:
+    """A warning when ``model`` is an ``llmgym-sft`` output whose data was rendered in another chat than this
+    run's (e.g. the CPU settings' format demonstration over data exported without one): the policy then meets
+    prompts it never saw, and its success can fall by half (the organism on FrozenLake: 0.63 -> 0.33)."""
+    from llm_gym.trainer.sft import SFT_FILE
+
+    try:
+        recorded = json.loads((Path(model) / SFT_FILE).read_text(encoding="utf-8"))["data"]["chat"]
+        differ = chat_mismatch(config, recorded)
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+    ):  # not an llmgym-sft folder, or one without a chat record
+        return []
+    if not differ:
+        return []
+    settings = "; ".join(f"{k} (data {d!r}, run {r!r})" for k, (d, r) in differ.items())
+    flags = " ".join(f"--{k} {d}" for k, (d, _) in differ.items())
+    return [
+        f"--model {model} was fine-tuned on data rendered in another chat than this run's: {settings}; "
+        f"pass {flags} to show it the chat it learned"
+    ]
 
 
 def eval_seeds(config: Any) -> range:
