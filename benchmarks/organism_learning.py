@@ -116,6 +116,7 @@ def part_profile(work: Path, quick: bool, short: str = "bandit") -> dict[str, An
         reason = "Bandit has no constant answer: the arms' names and order change by seed"
     result = {
         "command": " ".join(job + (QUICK if quick else [])),
+        "date": time.strftime("%Y-%m-%d"),
         "num_eval_seeds": first["success"]["n"],
         "eval_seeds": report["seeds"],
         "base": report["warm_start"]["base"]["success"],

@@ -54,14 +54,22 @@ def rate_with_ci(s: dict[str, Any]) -> str:
     return f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]"
 
 
-def main_job_table(data: dict[str, Any]) -> str:
-    """The main job's recorded run as a markdown table and one line of cost."""
-    r = data["envs"]["llmgym/Bandit-v0"]["grpo"]
-    held = data["envs"].get("llmgym/BanditHeldOut-v0", {}).get("grpo")
+#: What each organism profile's warm start teaches, by env (the tables' warm-start row).
+WARM_START_LABELS = {
+    "llmgym/Bandit-v0": "warm start (answer format, random arms)",
+    "llmgym/CoordFrozenLake-v0": "warm start (solver episodes, 300 SFT steps)",
+}
+
+
+def profile_run_table(data: dict[str, Any], env_id: str) -> str:
+    """An organism profile's recorded run on ``env_id`` as a markdown table (the model before, after its warm
+    start and after RL, beside the baselines the env has) and one line of cost."""
+    r = data["envs"][env_id]["grpo"]
+    b = r["baselines"]
     rows = [
         ("untrained organism", rate_with_ci(r["base"]), "0"),
         (
-            "warm start (answer format, random arms)",
+            WARM_START_LABELS.get(env_id, "warm start"),
             rate_with_ci(r["warm_start"]["success"]),
             f"{r['warm_start']['valid']['rate']:.2f}",
         ),
@@ -70,20 +78,41 @@ def main_job_table(data: dict[str, Any]) -> str:
             f"**{rate_with_ci(r['after']['success'])}**",
             f"{r['after']['valid']['rate']:.2f}",
         ),
-        ("random valid arms", rate_with_ci(r["baselines"]["random"]), "1"),
+        (
+            f"random valid {'arms' if b.get('best_constant') is None else 'moves'}",
+            rate_with_ci(b["random"]),
+            "1",
+        ),
     ]
+    if b.get("best_constant"):
+        rows.append(
+            (
+                f"best constant answer (always `{b['best_constant']['action']}`)",
+                rate_with_ci(b["best_constant"]),
+                "1",
+            )
+        )
+        rows.append(("optimum (the solver)", rate_with_ci(b["optimum"]), "1"))
     lines = [f"| {r['num_eval_seeds']} held-out seeds | success | valid answers |", "|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines += [f"| {a} | {c} | {d} |" for a, c, d in rows]
     minutes, seconds = divmod(round(r["wall_seconds"]), 60)
-    line = f"Recorded {data['date']}: {minutes} min {seconds:02d} s wall, {r['cpu_seconds']:.0f} CPU-s ({data['cpus']} cores)."
+    date = r.get("date", data["date"])
+    line = f"Recorded {date}: {minutes} min {seconds:02d} s wall, {r['cpu_seconds']:.0f} CPU-s ({data['cpus']} cores)."
+    lines += ["", line]
+    return "\n".join(lines)
+
+
+def main_job_table(data: dict[str, Any]) -> str:
+    """The main job's recorded run as a markdown table and one line of cost."""
+    table = profile_run_table(data, "llmgym/Bandit-v0")
+    held = data["envs"].get("llmgym/BanditHeldOut-v0", {}).get("grpo")
     if held:  # the 8 arm pairs never trained on
         verdict = "above" if held["learned"] else "not above"
-        line += (
+        table += (
             f" Unseen arm pairs (`BanditHeldOut-v0`): {rate_with_ci(held['after']['success'])}, random"
             f" {rate_with_ci(held['baselines']['random'])}: {verdict} random and the warm start."
         )
-    lines += ["", line]
-    return "\n".join(lines)
+    return table
 
 
 def _replace(text: str, start: str, end: str, body: str, what: str) -> str:

@@ -35,6 +35,7 @@ def _markers() -> list[tuple[str, str]]:
         ("env_cards", f"<!-- env-card: {family} -->"),
         ("organism_learning", "<!-- organism-learning -->"),
         ("organism_learning", "<!-- organism-frozenlake-sft -->"),
+        ("organism_learning", "<!-- organism-frozenlake-rl -->"),
         ("organism_learning", "<!-- organism-learning-defaults -->"),
         *[
             ("ragen2_claims", f"<!-- ragen2-claims-{n} -->")
@@ -75,3 +76,15 @@ def test_the_frozenlake_table_is_the_recorded_sft_runs():
         s = r["success"]
         assert f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]" in text
     assert "random valid moves" in text and "optimum" in text
+
+
+def test_the_frozenlake_rl_table_is_the_profile_run_beside_every_baseline():
+    import json
+
+    data = json.loads((HOOKS.parent / "data" / "organism_learning.json").read_text())
+    run = data["envs"]["llmgym/CoordFrozenLake-v0"]["grpo"]
+    text = _hook("organism_learning").expand("<!-- organism-frozenlake-rl -->\n")
+    for s in (run["base"], run["warm_start"]["success"], run["baselines"]["random"], run["baselines"]["optimum"]):
+        assert f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]" in text
+    best = run["baselines"]["best_constant"]
+    assert f"always `{best['action']}`" in text and f"after {run['rl_steps']} GRPO steps" in text

@@ -74,3 +74,55 @@ def test_published_runs_are_reused_only_with_the_same_settings(bench, monkeypatc
     with pytest.raises(RuntimeError, match="a run started"):
         bench.part_frozenlake_sft(work, False, stale)
     assert started == ["frozenlake_sft_w0.1_600.log"]
+
+
+def _ci(rate: float, lo: float, hi: float) -> dict:
+    return {"rate": rate, "ci": [lo, hi], "n": 512}
+
+
+def _fake_profile_run(monkeypatch, bench, after: dict, constants: dict | None):
+    """``_timed`` replaced by a run that only writes the eval report llmgym-train would."""
+
+    def timed(cmd, log):
+        out = Path(cmd[cmd.index("--output_dir") + 1])
+        out.mkdir(parents=True)
+        ws = _ci(0.6, 0.55, 0.65)
+        evals = [
+            {"step": 0, "success": ws, "valid": ws},
+            {"step": 400, "success": after, "valid": after, "success_given_valid": after},
+        ]
+        report = {
+            "seeds": [200000, 200511],
+            "evals": evals,
+            "warm_start": {"base": {"success": _ci(0.0, 0.0, 0.01)}},
+            "baseline": {"random": _ci(0.2, 0.17, 0.24), "optimum": _ci(0.9, 0.88, 0.93)},
+            "constant_actions": constants,
+        }
+        (out / "eval_report.json").write_text(json.dumps(report))
+        return {"wall_seconds": 1.0, "cpu_seconds": 1.0}
+
+    monkeypatch.setattr(bench, "_timed", timed)
+
+
+def test_a_profile_run_is_judged_against_its_warm_start_random_and_the_best_constant(
+    bench, monkeypatch, tmp_path
+):
+    constants = {"Left": _ci(0.1, 0.08, 0.13), "Down": _ci(0.3, 0.26, 0.34)}
+    _fake_profile_run(monkeypatch, bench, _ci(0.75, 0.71, 0.79), constants)
+    run = bench.part_profile(tmp_path / "a", False, "coordfrozenlake")
+    assert run["command"] == "llmgym-train --profile organism --env CoordFrozenLake"
+    assert run["baselines"]["best_constant"]["action"] == "Down" and run["learned"]
+    assert json.loads((tmp_path / "a" / "coordfrozenlake.json").read_text()) == run  # resumable: saved whole
+    # inside the warm start's interval: not learned, however far above random
+    _fake_profile_run(monkeypatch, bench, _ci(0.66, 0.62, 0.70), constants)
+    assert not bench.part_profile(tmp_path / "b", False, "coordfrozenlake")["learned"]
+    # above the warm start but not the best constant answer: not learned either
+    _fake_profile_run(monkeypatch, bench, _ci(0.75, 0.71, 0.79), {"Down": _ci(0.8, 0.76, 0.84)})
+    assert not bench.part_profile(tmp_path / "c", False, "coordfrozenlake")["learned"]
+    # Bandit has no constant answer: the reason is recorded instead
+    _fake_profile_run(monkeypatch, bench, _ci(0.75, 0.71, 0.79), None)
+    bandit = bench.part_profile(tmp_path / "d", False, "bandit")
+    assert (
+        bandit["baselines"]["best_constant"] is None
+        and "no constant answer" in bandit["baselines"]["best_constant_reason"]
+    )

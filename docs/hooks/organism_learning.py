@@ -4,7 +4,8 @@
 A page writes a marker on a line of its own and the build replaces it: ``<!-- organism-learning -->`` with the
 table the README shows (``scripts/gen_readme.py``'s ``main_job_table``, one renderer for both),
 ``<!-- organism-learning-defaults -->`` with the defaults grid and ``<!-- organism-frozenlake-sft -->`` with the
-FrozenLake SFT comparison (format-token loss weights).
+FrozenLake SFT comparison (format-token loss weights), ``<!-- organism-frozenlake-rl -->`` with the recorded run of
+the FrozenLake profile (``--profile organism --env CoordFrozenLake``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!--\s*organism-learning\s*-->[ \t]*$", flags=re.M)
 DEFAULTS_MARKER = re.compile(r"^<!--\s*organism-learning-defaults\s*-->[ \t]*$", flags=re.M)
 FL_MARKER = re.compile(r"^<!--\s*organism-frozenlake-sft\s*-->[ \t]*$", flags=re.M)
+FL_RL_MARKER = re.compile(r"^<!--\s*organism-frozenlake-rl\s*-->[ \t]*$", flags=re.M)
+FL_ENV = "llmgym/CoordFrozenLake-v0"
 DATA = ROOT / "docs" / "data" / "organism_learning.json"
 
 
@@ -90,11 +93,19 @@ def frozenlake_table(data: dict[str, Any]) -> str:
     )
 
 
+def frozenlake_rl_table(data: dict[str, Any]) -> str:
+    """The FrozenLake profile's recorded run (base, warm start, RL, baselines); empty before one is recorded."""
+    if FL_ENV not in data.get("envs", {}):
+        return ""
+    return _gen_readme().profile_run_table(data, FL_ENV)
+
+
 def _renderers() -> dict[re.Pattern[str], Callable[[dict[str, Any]], str]]:
     return {
         MARKER: _gen_readme().main_job_table,
         DEFAULTS_MARKER: defaults_table,
         FL_MARKER: frozenlake_table,
+        FL_RL_MARKER: frozenlake_rl_table,
     }
 
 
