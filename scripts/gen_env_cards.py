@@ -51,14 +51,22 @@ def organism_slot(env_id: str, data: dict[str, Any] | None = None) -> str | None
     verdict), after how many RL steps and training episodes (the profile's seeds x rollouts per step), and the
     same policy on the family's other recorded ids (e.g. unseen arm pairs)."""
     import yaml
+    from llm_gym.trainer.resolve import short_env_name
 
     from llm_gym.registration import env_family
 
     data = json.loads(ORGANISM_DATA.read_text(encoding="utf-8")) if data is None else data
-    run = data.get("envs", {}).get(env_id, {}).get("grpo")
-    if not run or "rl_steps" not in run:
+    # the card's own id, else the family's id a profile ran on (FrozenLake's: the 3x3 CoordFrozenLake)
+    recorded = [
+        other
+        for other, runs in data.get("envs", {}).items()
+        if env_family(other) == env_family(env_id) and "rl_steps" in runs.get("grpo", {})
+    ]
+    ran = env_id if env_id in recorded else (recorded[0] if recorded else None)
+    if ran is None:
         return None
-    profile = yaml.safe_load((ORGANISM_PROFILES / f"{env_family(env_id)}.yaml").read_text(encoding="utf-8"))
+    run = data["envs"][ran]["grpo"]
+    profile = yaml.safe_load((ORGANISM_PROFILES / f"{short_env_name(ran)}.yaml").read_text(encoding="utf-8"))
     episodes = run["rl_steps"] * profile["num_prompts"] * profile["num_generations"]
     verdict = "learns it" if run["learned"] else "does not learn it"
     text = (
@@ -66,9 +74,11 @@ def organism_slot(env_id: str, data: dict[str, Any] | None = None) -> str | None
         f"({episodes:,} training episodes, after a {profile['warm_start_episodes']:,}-episode warm start at "
         f"{_rate(run['warm_start']['success'])}); random valid {_rate(run['baselines']['random'])}"
     )
+    if ran != env_id:
+        text = f"on {ran.split('/', 1)[1]} ({json.dumps(profile.get('env_kwargs', {}))}): {text}"
     for other, runs in data.get("envs", {}).items():
         held = runs.get("grpo", {})
-        if other != env_id and env_family(other) == env_family(env_id) and "after" in held:
+        if other not in (env_id, ran) and env_family(other) == env_family(env_id) and "after" in held:
             text += (
                 f"; {other.split('/', 1)[1]}: {_rate(held['after']['success'])}, random valid "
                 f"{_rate(held['baselines']['random'])} ({'learned' if held.get('learned') else 'not learned'})"

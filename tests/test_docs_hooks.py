@@ -84,7 +84,12 @@ def test_the_frozenlake_rl_table_is_the_profile_run_beside_every_baseline():
     data = json.loads((HOOKS.parent / "data" / "organism_learning.json").read_text())
     run = data["envs"]["llmgym/CoordFrozenLake-v0"]["grpo"]
     text = _hook("organism_learning").expand("<!-- organism-frozenlake-rl -->\n")
-    for s in (run["base"], run["warm_start"]["success"], run["baselines"]["random"], run["baselines"]["optimum"]):
+    for s in (
+        run["base"],
+        run["warm_start"]["success"],
+        run["baselines"]["random"],
+        run["baselines"]["optimum"],
+    ):
         assert f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]" in text
     best = run["baselines"]["best_constant"]
     assert f"always `{best['action']}`" in text and f"after {run['rl_steps']} GRPO steps" in text

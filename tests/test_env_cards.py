@@ -62,6 +62,14 @@ def test_the_organism_slot_follows_the_recorded_run():
     text = gen.organism_slot("llmgym/Bandit-v0", flipped)
     assert text.startswith("does not learn it") and "after 10 GRPO steps (1,280 training episodes" in text
     assert gen.organism_slot("llmgym/Sokoban-v0", data) is None
+    # a family card shows the run on the id its profile trains (FrozenLake's: the 3x3 CoordFrozenLake)
+    coord = copy.deepcopy(data)
+    coord["envs"].pop("llmgym/CoordFrozenLake-v0", None)
+    assert gen.organism_slot("llmgym/FrozenLake-v0", coord) is None
+    coord["envs"]["llmgym/CoordFrozenLake-v0"] = {"grpo": {**run, "rl_steps": 400}}
+    text = gen.organism_slot("llmgym/FrozenLake-v0", coord)
+    assert text.startswith('on CoordFrozenLake-v0 ({"success_rate": 1.0, "size": 3}): learns it')
+    assert "400 GRPO steps (51,200 training episodes, after a 300-episode warm start" in text
 
 
 def test_the_staleness_check_sees_a_changed_card(fresh, committed):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.trainer import cli, rollouts, snr_filter  # noqa: E402
-from llm_gym.trainer.grpo import LLMGymGRPOTrainer  # noqa: E402
+from llm_gym.trainer import cli  # noqa: E402
+
+from tests._twins import TWINS, verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +36,6 @@ def _train(out: Path, *flags: str) -> dict:
     return json.loads((out / "eval_report.json").read_text())
 
 
-def _learned(report: dict) -> tuple[bool, str]:
-    """Whether the last evaluation's interval lies wholly above random's and the first evaluation's (the warm
-    start: the model RL started from) upper bounds, with the numbers for the failure message."""
-    first, last = report["evals"][0]["success"], report["evals"][-1]["success"]
-    random_ci = report["baseline"]["random"]["ci"]
-    bar = max(random_ci[1], first["ci"][1])
-    return last["ci"][0] > bar, (
-        f"after {last['rate']:.3f} {last['ci']} vs warm start {first['rate']:.3f} {first['ci']}, "
-        f"random {random_ci} (n={last['n']})"
-    )
-
-
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> tuple[dict, Path]:
     """The real pipeline, warm start included; the twins start RL from its warm-start model."""
@@ -56,39 +44,9 @@ def real_run(tmp_path_factory) -> tuple[dict, Path]:
     return report, out / "warm_start" / "final"
 
 
-def _flip_advantages(monkeypatch):
-    def flipped(self, batch, rewards):
-        return {**batch, "advantages": -batch["advantages"]}
-
-    monkeypatch.setattr(LLMGymGRPOTrainer, "compute_advantages", flipped)
-
-
-def _loss_on_observations(monkeypatch):
-    add = rollouts.TokenEpisode.add
-
-    def inverted(self, ids, mask, logprobs=None):
-        add(self, ids, 1 - mask, logprobs)
-
-    monkeypatch.setattr(rollouts.TokenEpisode, "add", inverted)
-
-
-def _keep_zero_variance(monkeypatch):
-    def zero_only(scores, *args, **kwargs):
-        return np.asarray(scores, dtype=np.float64).reshape(-1) <= snr_filter.ZERO_TOL
-
-    monkeypatch.setattr(snr_filter, "select_groups", zero_only)
-
-
-TWINS = {
-    "advantages_sign_flipped": _flip_advantages,
-    "loss_on_observation_tokens": _loss_on_observations,
-    "filter_keeps_zero_variance_groups": _keep_zero_variance,
-}
-
-
 def test_rl_lifts_held_out_bandit_above_random_and_the_warm_start(real_run):
     report, _ = real_run
-    learned, numbers = _learned(report)
+    learned, numbers = verdict(report)
     assert learned, numbers
     assert report["warm_start"]["base"]["valid"]["rate"] == 0.0  # the organism starts from nothing
 
@@ -98,5 +56,5 @@ def test_a_broken_twin_does_not_learn(real_run, defect, tmp_path, monkeypatch):
     _, warm_start = real_run
     TWINS[defect](monkeypatch)
     report = _train(tmp_path / defect, "--model", str(warm_start), "--warm_start", "none")
-    learned, numbers = _learned(report)
+    learned, numbers = verdict(report)
     assert not learned, f"{defect} learned: {numbers}"

@@ -20,7 +20,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.trainer import evaluate, sft  # noqa: E402
+from llm_gym.trainer import cli, evaluate, sft  # noqa: E402
+
+from tests._twins import TWINS, verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -97,3 +99,33 @@ def test_our_sft_reaches_the_plain_control_on_the_same_episodes(sft_run, control
     )
     assert control["ci"][0] > 0.5, f"the control itself did not learn: {message}"
     assert (ours["ci"][1] >= control["ci"][0]) is reaches, message
+
+
+#: RL steps of the FrozenLake learning tests (the profile runs 400; fewer keep CI's slow stage in its budget).
+RL_STEPS = 200
+#: The organism's FrozenLake profile (trainer/profiles/organism/coordfrozenlake.yaml) from the SFT run's 300-step
+#: checkpoint, the profile's own warm-start recipe on the benchmark's episodes; only what the test does not look at
+#: is off (MI probes, reports, records).
+RL = ["--profile", "organism", "--env", "CoordFrozenLake", "--warm_start", "none", "--seed", "42"]
+RL += ["--max_steps", str(RL_STEPS), "--mi_every", "0", "--collapse_report", "", "--learning_curve", ""]
+RL += ["--episode_gif", "", "--records_every", "1000000"]
+
+
+@pytest.mark.parametrize("defect", [None, *sorted(TWINS)], ids=["real", *sorted(TWINS)])
+def test_rl_lifts_frozenlake_above_its_reading_warm_start(sft_run, tmp_path, monkeypatch, defect):
+    """Multi-turn RL on the organism: the real run ends wholly above its warm start (which reads the board at
+    ~0.6) and random; each broken twin, from the same warm start, must not."""
+    if defect:
+        TWINS[defect](monkeypatch)
+    out = tmp_path / "rl"
+    argv = [
+        *RL,
+        "--model",
+        str(sft_run / "checkpoint-300"),
+        "--output_dir",
+        str(out),
+        "--overwrite_output_dir",
+    ]
+    assert cli.main(argv) == 0
+    learned, numbers = verdict(json.loads((out / "eval_report.json").read_text()))
+    assert learned is (defect is None), f"{defect or 'the real run'}: {numbers}"
