@@ -13,6 +13,10 @@ Parts, each saved in ``--work-dir`` as it finishes (rerunning the same command s
   (``--format_loss_weight``, 300, 600 and 900 steps), each evaluated greedily on 512 held-out seeds (200,000..) beside
   random valid moves and the optimum; ``frozenlake_control``: the plain-PyTorch control
   (``benchmarks/plain_control.py``) trained on every move of the same episodes and played on the same seeds.
+* ``coordfrozenlake``: multi-turn RL, ``llmgym-train --profile organism --env CoordFrozenLake`` (organism-s, an
+  expert warm start of 300 SFT steps that reads the board, then 400 GRPO steps of 16 x 8 three-turn episodes),
+  timed, evaluated greedily on 512 held-out seeds (200,000..) for the base model, the warm start and after RL, beside
+  random valid moves, the best constant move and the optimum.
 * ``defaults_*``: RL from the same warm start with the grpo preset's entropy bonus (0.001) and per-group reward
   scaling, alone and together, against neither: the measurement behind the recommended defaults.
 
@@ -20,11 +24,12 @@ The result, ``organism_learning.json``, holds per env and run ``warm_start`` and
 ``success.ci``), ``baselines.random.ci``, ``baselines.best_constant`` (``null`` with the reason where an env has
 none) and ``num_eval_seeds``; the run's ``eval_report.json``, learning curve and episode GIF are in its folder.
 ``--publish`` copies it to ``docs/data/`` (never with ``--quick``), where scripts/gen_readme.py reads the README's
-main-job table from it.
+main-job table from it, and each profile run's learning curve to ``docs/img/organism_<part>_learning_curve.png``.
 
     OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --publish
     OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --parts frozenlake --publish \\
         --reuse-published   # the FrozenLake comparison alone, runs published with the same settings kept
+    OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --work-dir /tmp/ol --parts coordfrozenlake --publish
     OMP_NUM_THREADS=1 python benchmarks/organism_learning.py --quick --work-dir /tmp/ol_quick   # ~1 CPU-minute
 """
 
@@ -51,6 +56,7 @@ _FROZENLAKE = SETTINGS["FrozenLake"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "data" / "organism_learning.json"
+IMG = ROOT / "docs" / "img"
 #: The organism profiles run here, part name -> ``--env`` (``bandit`` is the README's main job).
 PROFILE_ENVS = {"bandit": "Bandit", "coordfrozenlake": "CoordFrozenLake"}
 #: The README's main job, exactly as printed there.
@@ -448,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish:
         PUBLISHED.write_text(text)
         print(f"wrote {PUBLISHED}")
+        for short in PROFILE_ENVS:  # the learning curve of each profile run this invocation recorded
+            curve = work / short / "learning_curve.png"
+            if short in parts and curve.is_file():
+                shutil.copyfile(curve, IMG / f"organism_{short}_learning_curve.png")
+                print(f"wrote {IMG / f'organism_{short}_learning_curve.png'}")
     return 0
 
 

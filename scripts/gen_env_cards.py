@@ -83,7 +83,7 @@ def organism_slot(env_id: str, data: dict[str, Any] | None = None) -> str | None
                 f"; {other.split('/', 1)[1]}: {_rate(held['after']['success'])}, random valid "
                 f"{_rate(held['baselines']['random'])} ({'learned' if held.get('learned') else 'not learned'})"
             )
-    return f"{text} (`{run['command']}`, {data['date']})"
+    return f"{text} (`{run['command']}`, {run.get('date', data['date'])})"
 
 
 def deterministic_cards() -> dict[str, dict[str, Any]]:
