@@ -5,8 +5,12 @@ Both train on the same 281 solver episodes (551 moves) of 3x3 CoordFrozenLake an
 seeds greedily. The test holds our SFT's interval to overlap the control's (recorded: 0.805 [0.768, 0.837]
 against 0.840 [0.806, 0.869]), and its broken twin, the same run stopped at the probe's 300 steps (0.615 [0.572,
 0.656]), must not. The organism's FrozenLake recipe (``docs/training/organism.md``): format tokens weighed 0.1,
-900 steps (its accuracy on the move stays at the marginal for ~250 steps before it reads the board). About 30
-CPU-minutes in all.
+900 steps (its accuracy on the move stays at the marginal for ~250 steps before it reads the board).
+
+The same SFT run's 300-step checkpoint, a warm start that partly reads the board, then serves the multi-turn
+learning tests: GRPO with the organism's FrozenLake profile must lift held-out success wholly above it and
+random, and three broken twins from the same checkpoint must not. About 30 CPU-minutes for the SFT comparison
+and about 7 for each RL case.
 """
 
 from __future__ import annotations
