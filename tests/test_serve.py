@@ -366,7 +366,8 @@ def test_every_profiles_env_kwargs_work_on_a_server_started_with_its_heavy_ones(
     }
     run.update(settings.get("env_kwargs") or {})
     operator = {k: v for k, v in run.items() if k not in client_settable(env_id)}
-    assert set(operator) <= {"generator", "search_depth", "dataset"}, operator  # light: everything else
+    # light: everything else (FrozenLake's size: the organism's 3x3 board, heavy because it scales a reset)
+    assert set(operator) <= {"generator", "search_depth", "dataset", "size"}, operator
     served = (env_id,)
     _, kwargs, _, _ = check_reset_request(
         {"env_id": env_id, "env_kwargs": run}, served=served, fixed_kwargs=operator
