@@ -72,7 +72,9 @@ RUNS: dict[str, list[str]] = {
 }
 SEEDS = {"": 0, "_s1": 1}
 #: Pilots on the pilot seeds: the untrained model (2 RL rounds) and a format-only warm start (10 SFT steps of 16
-#: random-valid episodes at lr 1e-4, the learning study's Bandit warm start; 1 RL round).
+#: random-valid episodes at lr 1e-4, the learning study's Bandit warm start; 1 RL round). The published pilots were
+#: run by hand before this script had them, with ``--collapse_report ''`` in place of the curve and GIF flags; their
+#: part files hold those commands and their ``time`` CPU seconds.
 PILOTS: dict[str, list[str]] = {
     "pilot_none": [*ARMS["off"], *BASE, "--max_steps", "2"],
     "pilot_ws": [*ARMS["off"], *BASE, "--max_steps", "1", "--warm_start", "random", "--warm_start_max_steps", "10",
