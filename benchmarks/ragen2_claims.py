@@ -915,7 +915,8 @@ def plot(
         if env_runs:
             env_pilot = [r for r in pilot if _env_of(r) == env]
             summary = result["per_env"][env]
-            paths += _plot_env(result["envs"][env], summary, env_pilot, env_runs, out, tag, title)
+            curves = [] if env_pilot else STUDIES[env].pilot_curves
+            paths += _plot_env(result["envs"][env], summary, env_pilot, curves, env_runs, out, tag, title)
     return paths
 
 
@@ -923,6 +924,7 @@ def _plot_env(
     arms: dict[str, Any],
     summary: dict[str, Any],
     pilot: list[dict[str, Any]],
+    pilot_curves: Sequence[Sequence[float]],
     runs: list[dict[str, Any]],
     out: Path,
     tag: str,
@@ -976,6 +978,8 @@ def _plot_env(
         ax.plot(range(1, n + 1), curve, color=f"C{i}", label=f"{k} ({len(rs)} seeds)")
     for r in pilot:
         ax.plot(r["steps"], trailing_mean(r["series"]["env/success"]), color="grey", lw=0.7, alpha=0.6)
+    for c in pilot_curves:  # a pilot outside the study (FrozenLake: the recipe's)
+        ax.plot(range(1, len(c) + 1), trailing_mean(list(c)), color="grey", lw=0.7, alpha=0.6, label="pilot")
     if summary["pilot"]["threshold"] is not None:
         ax.axhline(summary["pilot"]["threshold"], color="k", ls=":", lw=1, label="threshold (pilot)")
     ax.set_xlabel("step")

@@ -353,6 +353,22 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert "| organism FrozenLake, `top_p` |" in text
 
 
+def test_plots_are_drawn_per_env_with_finished_runs(rc, tmp_path):
+    work = tmp_path / "work"
+    for seed in (0, 1):
+        _part(rc, work, rc.Cell("off"), seed, 0.5 + 0.1 * seed)
+        _part(rc, work, rc.Cell("top_p"), seed, 0.6, study=rc.FROZENLAKE)
+    pilot, runs = rc.load_runs(work)
+    paths = rc.plot(rc.aggregate(pilot, runs), pilot, runs, tmp_path / "img")
+    names = sorted(p.name for p in paths)
+    assert names == sorted(
+        f"ragen2_claims_{n}{tag}.png"
+        for n in ("success", "curves", "gradient", "spearman")
+        for tag in ("", "_frozenlake")
+    )
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
 def test_quick_is_never_published(rc, tmp_path):
     with pytest.raises(SystemExit):
         rc.main(["--work-dir", str(tmp_path), "--quick", "--publish"])
