@@ -846,6 +846,8 @@ def aggregate_env(
         "arms": arms,
         "summary": {
             "steps": QUICK_STEPS if quick else study.steps,
+            "mi_every": study.mi_every,
+            "gradient_every": study.grad_every,
             "eval_seeds": {"first": EVAL_SEED, "n": QUICK_EVAL_N if quick else EVAL_N},
             "pilot": {
                 "seeds": sorted({int(r["seed"]) for r in pilot}),

@@ -351,6 +351,7 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert "| `top_p` | 1 | **0.650** | +0.150 |" in text and "| `off` | 1.000 | 0.00 | 0.50 |" in text
     assert "FrozenLake, 3 of 4 planned runs" in text and "**Missing:** `top_p` seeds 1" in text
     assert "| organism FrozenLake, `top_p` |" in text
+    assert "on one round in 10)" in text and "on one round in 25)" in text  # each env's own analysis interval
 
 
 def test_plots_are_drawn_per_env_with_finished_runs(rc, tmp_path):

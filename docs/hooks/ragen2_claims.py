@@ -158,7 +158,8 @@ def spearman_table(data: dict[str, Any], env: str = ENV) -> str:
 
 def gradient_table(data: dict[str, Any], env: str = ENV) -> str:
     """Mean |g_task| (and |g_reg| where a regulariser is on) per reward-variance bucket, and the bound's constant."""
-    g = _summary(data, env)["gradient"]
+    sm = _summary(data, env)
+    g = sm["gradient"]
     lines = [
         "| bucket (1: lowest Var(R\\|X)) | mean sqrt(Var(R\\|X)) | mean \\|g_task\\| | mean \\|g_reg\\| | points |",
         "|---|---|---|---|---|",
@@ -173,7 +174,7 @@ def gradient_table(data: dict[str, Any], env: str = ENV) -> str:
     st = [a["step_time"]["mean"] for a in ran if a["step_time"]["mean"]]
     cost = (
         f" One analysis took {sum(ga) / len(ga):.2f} s on average against a {sum(st) / len(st):.2f} s training "
-        f"step ({sum(ga) / len(ga) / (sum(st) / len(st)):.2f}x a step, on one round in 10)."
+        f"step ({sum(ga) / len(ga) / (sum(st) / len(st)):.2f}x a step, on one round in {sm.get('gradient_every', 10)})."
         if ga and st
         else ""
     )
