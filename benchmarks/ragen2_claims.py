@@ -1,31 +1,39 @@
 """RAGEN-2's claims measured on the model organism: the SNR filter across many training seeds, KL to the warm start
 and the entropy bonus, MI against entropy as predictors of success, and the task-gradient bound per reward-variance
-bucket (arXiv 2604.06268, Secs. 3-4, Table 5, Table 8, Fig. 3, Fig. 8).
+bucket (arXiv 2604.06268, Secs. 3-4, Table 5, Table 8, Fig. 3, Fig. 8), on Bandit and on a multi-turn env.
 
-Every run is the README's main job (``llmgym-train --profile organism --env Bandit``) trained from one shared warm
-start (the main job's own, built by ``benchmarks/organism_learning.py``'s ``bandit`` part) with one arm's flags:
+Two envs (:data:`STUDIES`), each run trained from its env's one shared warm start with one arm's flags:
 
-* filter arms (:data:`ARMS`): no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, masked as
-  the upstream PRs do); top-k 0.5 (RAGEN-2 Table 9's better top-k);
-* crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the warm start (the run's ``--model``, TRL's reference) and
-  the entropy bonus 0.001, for no filter and top-p (fewer seeds: the CPU budget).
+* **Bandit** (:data:`BANDIT`): the README's main job (``llmgym-train --profile organism --env Bandit``) from the
+  main job's own warm start (``benchmarks/organism_learning.py``'s ``bandit`` part), 40 steps;
+* **FrozenLake** (:data:`FROZENLAKE`): 3x3 deterministic CoordFrozenLake, three turns of one move, the organism's
+  multi-turn profile (``--profile organism --env CoordFrozenLake``) RL only, 100 steps, from the SFT run ``w0.1``
+  of ``organism_learning.py`` (built here by :func:`fl_warm_start`, or copied with ``--fl-warm-start``).
 
-Seeds: the pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) sets the steps-to-threshold threshold; training
-seeds 0.. each play their own env seeds (``train_seed`` 20,000 + 1,000 x seed); every study run is evaluated on the
-same 512 held-out seeds 200,000.. (disjoint from the pilot's, the training and the warm-start data's). Every run logs
-each round's success, step time, SNR spread and (every 5 rounds) the MI proxies, and (every 10 rounds) the gradient
-split by reward variance (``--gradient_analysis_every``, bitwise neutral).
+Arms: no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, masked as the upstream PRs do);
+top-k 0.5 (RAGEN-2 Table 9's better top-k). On Bandit crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the
+warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001, for no filter and top-p (and
+top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, the other two after.
 
-Parts, each its own file under ``--work-dir`` (``runs/<name>.json``; a finished part is skipped, so rerunning the
-same command resumes and ``--aggregate-only`` picks up whatever finished, even while another invocation runs):
+Seeds: Bandit's pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) and FrozenLake's recipe pilot
+(:data:`FL_PILOT_CURVE_5`, pilot seeds) set the steps-to-threshold thresholds; training seeds 0.. each play their
+own env seeds (:meth:`Study.train_seed`); every study run is evaluated on the same 512 held-out seeds 200,000..
+(disjoint from the pilots', the training and the warm-start data's). Every run logs each round's success, step
+time and SNR spread, and periodically the MI proxies, the gradient split by reward variance
+(``--gradient_analysis_every``, bitwise neutral) and episode records (answer or first-move concentration).
+
+Parts, each its own file under ``--work-dir`` (``runs/<name>.json``, FrozenLake's ``runs/fl_<name>.json``; a
+finished part is skipped, so rerunning the same command resumes and ``--aggregate-only`` picks up whatever
+finished, even while another invocation runs); ``--stages`` picks stages of either env:
 
     OMP_NUM_THREADS=1 nice -n 5 python benchmarks/ragen2_claims.py --work-dir /tmp/ragen2_claims
     OMP_NUM_THREADS=1 python benchmarks/ragen2_claims.py --work-dir /tmp/ragen2_claims --aggregate-only --publish
     OMP_NUM_THREADS=1 python benchmarks/ragen2_claims.py --quick --work-dir /tmp/ragen2_quick   # pipeline check
 
-``--publish`` writes ``docs/data/ragen2_claims.json`` (per env and arm ``seeds`` and ``success`` with ``mean`` and a
-bootstrap ``ci`` over seeds; top-level ``spearman`` with ``mi`` and ``entropy``) and the plots
-``docs/img/ragen2_claims_*.png``; ``--quick`` never writes into ``docs/``.
+``--publish`` writes ``docs/data/ragen2_claims.json`` (per env and arm ``envs[env][arm]`` with ``seeds`` and
+``success`` with ``mean`` and a bootstrap ``ci`` over seeds; per env ``per_env[env]`` with its pilot, ``spearman``,
+gradient split, runs done and ``missing``; top-level ``spearman`` with ``mi`` and ``entropy``, Bandit's) and the
+plots ``docs/img/ragen2_claims_*.png``; ``--quick`` never writes into ``docs/``.
 """
 
 from __future__ import annotations
