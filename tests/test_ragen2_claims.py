@@ -441,3 +441,7 @@ def test_the_published_tables_render_when_recorded(hook):
         if a["seeds"]:
             assert f"| `{key}` | {len(a['seeds'])} | **{a['success']['mean']:.3f}**" in text
     assert {"mi", "entropy"} <= data["spearman"].keys()
+    fl = hook.expand("<!-- ragen2-claims-fl-arms -->\n")
+    for key, a in data["envs"].get(hook.FL_ENV, {}).items():
+        if a.get("seeds"):
+            assert f"| `{key}` | {len(a['seeds'])} | **{a['success']['mean']:.3f}**" in fl
