@@ -218,7 +218,7 @@ def status(data: dict[str, Any], env: str = ENV) -> str:
         f"Recorded {data['date']} ({data['cpus']} cores, shared): {label}, {sm['runs_done']} of "
         f"{sm['runs_planned']} planned runs, {sm['steps']} GRPO steps each, {_f(cpu, '.0f')} CPU-s per run on "
         f"average; {sm['cpu_seconds_total'] / 3600:.2f} CPU-hours and {sm['wall_seconds_total'] / 3600:.2f} hours "
-        "wall in all (pilot included, one run at a time, niced, beside other work)."
+        "wall in all (pilot included, niced, beside other work)."
     ]
     if sm["missing"]:
         missing = "; ".join(f"`{k}` seeds {', '.join(map(str, v))}" for k, v in sm["missing"].items())
