@@ -1,31 +1,39 @@
 """RAGEN-2's claims measured on the model organism: the SNR filter across many training seeds, KL to the warm start
 and the entropy bonus, MI against entropy as predictors of success, and the task-gradient bound per reward-variance
-bucket (arXiv 2604.06268, Secs. 3-4, Table 5, Table 8, Fig. 3, Fig. 8).
+bucket (arXiv 2604.06268, Secs. 3-4, Table 5, Table 8, Fig. 3, Fig. 8), on Bandit and on a multi-turn env.
 
-Every run is the README's main job (``llmgym-train --profile organism --env Bandit``) trained from one shared warm
-start (the main job's own, built by ``benchmarks/organism_learning.py``'s ``bandit`` part) with one arm's flags:
+Two envs (:data:`STUDIES`), each run trained from its env's one shared warm start with one arm's flags:
 
-* filter arms (:data:`ARMS`): no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, masked as
-  the upstream PRs do); top-k 0.5 (RAGEN-2 Table 9's better top-k);
-* crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the warm start (the run's ``--model``, TRL's reference) and
-  the entropy bonus 0.001, for no filter and top-p (fewer seeds: the CPU budget).
+* **Bandit** (:data:`BANDIT`): the README's main job (``llmgym-train --profile organism --env Bandit``) from the
+  main job's own warm start (``benchmarks/organism_learning.py``'s ``bandit`` part), 40 steps;
+* **FrozenLake** (:data:`FROZENLAKE`): 3x3 deterministic CoordFrozenLake, three turns of one move, the organism's
+  multi-turn profile (``--profile organism --env CoordFrozenLake``) RL only, 100 steps, from the SFT run ``w0.1``
+  of ``organism_learning.py`` (built here by :func:`fl_warm_start`, or copied with ``--fl-warm-start``).
 
-Seeds: the pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) sets the steps-to-threshold threshold; training
-seeds 0.. each play their own env seeds (``train_seed`` 20,000 + 1,000 x seed); every study run is evaluated on the
-same 512 held-out seeds 200,000.. (disjoint from the pilot's, the training and the warm-start data's). Every run logs
-each round's success, step time, SNR spread and (every 5 rounds) the MI proxies, and (every 10 rounds) the gradient
-split by reward variance (``--gradient_analysis_every``, bitwise neutral).
+Arms: no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, masked as the upstream PRs do);
+top-k 0.5 (RAGEN-2 Table 9's better top-k). On Bandit crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the
+warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001, for no filter and top-p (and
+top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, the other two after.
 
-Parts, each its own file under ``--work-dir`` (``runs/<name>.json``; a finished part is skipped, so rerunning the
-same command resumes and ``--aggregate-only`` picks up whatever finished, even while another invocation runs):
+Seeds: Bandit's pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) and FrozenLake's recipe pilot
+(:data:`FL_PILOT_CURVE_5`, pilot seeds) set the steps-to-threshold thresholds; training seeds 0.. each play their
+own env seeds (:meth:`Study.train_seed`); every study run is evaluated on the same 512 held-out seeds 200,000..
+(disjoint from the pilots', the training and the warm-start data's). Every run logs each round's success, step
+time and SNR spread, and periodically the MI proxies, the gradient split by reward variance
+(``--gradient_analysis_every``, bitwise neutral) and episode records (answer or first-move concentration).
+
+Parts, each its own file under ``--work-dir`` (``runs/<name>.json``, FrozenLake's ``runs/fl_<name>.json``; a
+finished part is skipped, so rerunning the same command resumes and ``--aggregate-only`` picks up whatever
+finished, even while another invocation runs); ``--stages`` picks stages of either env:
 
     OMP_NUM_THREADS=1 nice -n 5 python benchmarks/ragen2_claims.py --work-dir /tmp/ragen2_claims
     OMP_NUM_THREADS=1 python benchmarks/ragen2_claims.py --work-dir /tmp/ragen2_claims --aggregate-only --publish
     OMP_NUM_THREADS=1 python benchmarks/ragen2_claims.py --quick --work-dir /tmp/ragen2_quick   # pipeline check
 
-``--publish`` writes ``docs/data/ragen2_claims.json`` (per env and arm ``seeds`` and ``success`` with ``mean`` and a
-bootstrap ``ci`` over seeds; top-level ``spearman`` with ``mi`` and ``entropy``) and the plots
-``docs/img/ragen2_claims_*.png``; ``--quick`` never writes into ``docs/``.
+``--publish`` writes ``docs/data/ragen2_claims.json`` (per env and arm ``envs[env][arm]`` with ``seeds`` and
+``success`` with ``mean`` and a bootstrap ``ci`` over seeds; per env ``per_env[env]`` with its pilot, ``spearman``,
+gradient split, runs done and ``missing``; top-level ``spearman`` with ``mi`` and ``entropy``, Bandit's) and the
+plots ``docs/img/ragen2_claims_*.png``; ``--quick`` never writes into ``docs/``.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,11 +64,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "data" / "ragen2_claims.json"
 PLOTS = ROOT / "docs" / "img"
 ENV = "llmgym/Bandit-v0"
-#: The multi-turn env of the study, pending: the organism does not learn it yet (docs/training/organism.md).
-PENDING_ENVS = {
-    ol.FL_ENV: "pending: RL on the organism does not learn 3x3 FrozenLake yet (in the organism probe it stayed at "
-    "chance after 32,000 episodes), so a filter comparison there would compare noise"
-}
+#: The multi-turn env of the study: 3x3 deterministic CoordFrozenLake, one move a turn, three turns (the organism
+#: page's FrozenLake, ``organism_learning.py``'s FL_ENV and FL_KWARGS).
+FL_ENV = ol.FL_ENV
 
 #: Filter arms: name -> llmgym-train flags.
 ARMS: dict[str, list[str]] = {
@@ -115,6 +121,13 @@ STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "entropy": (tuple(Cell(a, 0.0, 0.001) for a in ("off", "top_p")), tuple(range(5))),
     # KL 0.01 (the crossing's strongest contrast in the first 5 seeds) to 10 seeds
     "kl_seeds": (tuple(Cell(a, 0.01) for a in ("off", "top_p")), tuple(range(5, 10))),
+    # the other crossings (KL 0.04, the entropy bonus) to 10 seeds
+    "cross_seeds": (
+        (Cell("off", 0.04), Cell("top_p", 0.04), Cell("off", 0.0, 0.001), Cell("top_p", 0.0, 0.001)),
+        tuple(range(5, 10)),
+    ),
+    # top-k crossed with KL 0.01 (the crossing where top-p lost clearly)
+    "top_k_kl": ((Cell("top_k", 0.01),), tuple(range(10))),
 }
 PILOT_CELLS = (Cell("off"), Cell("top_p"))
 PILOT_SEEDS = (100, 101)
@@ -146,8 +159,36 @@ BOOT = 10_000
 
 
 def train_seed(seed: int) -> int:
-    """First env seed of a training seed's rounds (40 rounds x 16 groups stay below the next one's)."""
+    """First env seed of a training seed's Bandit rounds (40 rounds x 16 groups stay below the next one's)."""
     return 20_000 + 1_000 * seed
+
+
+#: FrozenLake stages: no filter and our top-p at 10 training seeds (the issue's minimum) first; top-k and RAGEN's
+#: upstream rule at fewer seeds after them, as the CPU allows.
+FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
+    "fl_core": ((Cell("off"), Cell("top_p")), tuple(range(10))),
+    "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(3))),
+}
+#: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
+FL_JOB = ["llmgym-train", "--profile", "organism", "--env", ol.PROFILE_ENVS["coordfrozenlake"]]
+#: RL steps per FrozenLake run: the recipe's pilot gained about 0.06 greedy success in 100 (a 400-step run is 4x
+#: the CPU this study has).
+FL_STEPS = 100
+#: Instruments per FrozenLake run: MI every 10 rounds (each pass costs about a step), the gradient split every 25,
+#: episode records every 10.
+FL_MI_EVERY, FL_GRAD_EVERY, FL_RECORDS_EVERY = 10, 25, 10
+#: The FrozenLake warm start, shared by every run: ``organism_learning.py``'s SFT run ``w0.1`` (format tokens at
+#: 0.1, 300 steps of 32 at lr 1e-3 constant, seed 0, on its solver episodes), 0.615 held-out.
+FL_WARM_RUN = "w0.1"
+#: The recipe's pilot (pilot seeds: evaluated on 300,000.., 128 seeds; the same settings from a plain-loop twin of
+#: the warm start, top-p 0.9, 100 steps): training success logged as 5-step means. Its threshold, by the rule of
+#: Bandit's pilot (:func:`pilot_threshold`), sets FrozenLake's steps to threshold; the study runs no pilot of its
+#: own there (the CPU).
+FL_PILOT_CURVE_5 = (0.4641, 0.4219, 0.4797, 0.4078, 0.4313, 0.4172, 0.4359, 0.5594, 0.5078, 0.5094, 0.5406, 0.5734,
+                    0.5094, 0.5609, 0.6, 0.625, 0.5672, 0.5922, 0.6375, 0.5344)  # fmt: skip
+#: First env seed of FrozenLake training seed ``s``: 100,000 + 5,000 s (room for 312 rounds of 16 groups each,
+#: below the evaluation seeds 200,000.., the pilot's 300,000.. and the warm start's solver data 1,000,000..).
+FL_TRAIN_SEED, FL_TRAIN_STRIDE = 100_000, 5_000
 
 
 # ----------------------------------------------------------------------------------------------- pure statistics
@@ -245,6 +286,30 @@ def pilot_threshold(curves: Sequence[Sequence[float]]) -> float:
     )
 
 
+def _entropy_bits(counts: Iterable[int], total: int) -> float:
+    return -sum(c / total * math.log2(c / total) for c in counts if c)
+
+
+def concentration(pairs: Sequence[tuple[Any, Any]]) -> dict[str, float]:
+    """Over (context, answer) pairs: the most common answer's share, distinct answers, the answer entropy and the
+    plug-in mutual information between context and answer, in bits (0 for an answer that ignores the context)."""
+    n = len(pairs)
+    answers = Counter(a for _, a in pairs)
+    h = _entropy_bits(answers.values(), n)
+    by_context: dict[Any, Counter] = {}
+    for ctx, a in pairs:
+        by_context.setdefault(ctx, Counter())[a] += 1
+    h_given = sum(
+        sum(c.values()) / n * _entropy_bits(c.values(), sum(c.values())) for c in by_context.values()
+    )
+    return {
+        "top_share": max(answers.values()) / n,
+        "distinct": len(answers),
+        "entropy_bits": h,
+        "mi_bits": max(h - h_given, 0.0),
+    }
+
+
 _ARMS_SHOWN = re.compile(r"The two arms are: (\S{1,64}) and (\S{1,64})\. ")
 
 
@@ -258,27 +323,63 @@ def answer_stats(episodes: Iterable[dict[str, Any]]) -> dict[str, float]:
         info = turns[0].get("info", {}) if turns else {}
         shown = _ARMS_SHOWN.match(str(ep.get("initial_observation", ""))[:300])
         pairs.append(((shown.group(1), shown.group(2)) if shown else None, info.get("chosen_arm")))
-    n = len(pairs)
-    if not n:
+    if not pairs:
         return {"episodes": 0}
-    answers = Counter(a for _, a in pairs)
-
-    def entropy(counts: Iterable[int], total: int) -> float:
-        return -sum(c / total * math.log2(c / total) for c in counts if c)
-
-    h = entropy(answers.values(), n)
-    by_context: dict[Any, Counter] = {}
-    for ctx, a in pairs:
-        by_context.setdefault(ctx, Counter())[a] += 1
-    h_given = sum(sum(c.values()) / n * entropy(c.values(), sum(c.values())) for c in by_context.values())
+    c = concentration(pairs)
     valid = [(ctx, a) for ctx, a in pairs if a is not None and ctx is not None]
     return {
-        "episodes": n,
-        "top_answer_share": max(answers.values()) / n,
-        "distinct_answers": len(answers),
-        "answer_entropy_bits": h,
-        "answer_mi_bits": max(h - h_given, 0.0),
+        "episodes": len(pairs),
+        "top_answer_share": c["top_share"],
+        "distinct_answers": c["distinct"],
+        "answer_entropy_bits": c["entropy_bits"],
+        "answer_mi_bits": c["mi_bits"],
         "first_listed_share": (sum(a == ctx[0] for ctx, a in valid) / len(valid)) if valid else math.nan,
+    }
+
+
+_COORD = re.compile(r"^(Start|Goal): \((\d{1,2}), (\d{1,2})\)$", flags=re.M)
+#: FrozenLake's moves as (row, column) steps.
+MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+
+
+def _sign(x: int) -> int:
+    return (x > 0) - (x < 0)
+
+
+def goal_direction(observation: str) -> tuple[int, int] | None:
+    """The goal's direction from the start, (sign of the row step, sign of the column step), read from a
+    CoordFrozenLake observation's ``Start:`` and ``Goal:`` lines (None when either is missing)."""
+    found = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _COORD.finditer(observation[:1000])}
+    if "Start" not in found or "Goal" not in found:
+        return None
+    (r0, c0), (r1, c1) = found["Start"], found["Goal"]
+    return _sign(r1 - r0), _sign(c1 - c0)
+
+
+def move_stats(episodes: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Template-collapse measures over FrozenLake episodes, on the first move of each (an invalid reply counts as
+    one move, ``None``): the most common move's share, distinct moves, the move entropy, the plug-in mutual
+    information between the goal's direction from the start and the move, in bits (a template that ignores the
+    board has 0), and the share of valid first moves that step toward the goal."""
+    pairs: list[tuple[tuple[int, int] | None, str | None]] = []
+    for ep in episodes:
+        turns = ep.get("turns") or []
+        info = turns[0].get("info", {}) if turns else {}
+        actions = info.get("actions") or [None]
+        move = actions[0] if info.get("action_is_valid") and actions[0] in MOVES else None
+        pairs.append((goal_direction(str(ep.get("initial_observation", ""))), move))
+    if not pairs:
+        return {"episodes": 0}
+    c = concentration(pairs)
+    valid = [(d, m) for d, m in pairs if d is not None and m is not None]
+    toward = [MOVES[m][0] * d[0] > 0 or MOVES[m][1] * d[1] > 0 for d, m in valid]
+    return {
+        "episodes": len(pairs),
+        "top_move_share": c["top_share"],
+        "distinct_moves": c["distinct"],
+        "move_entropy_bits": c["entropy_bits"],
+        "move_mi_bits": c["mi_bits"],
+        "toward_goal_share": (sum(toward) / len(toward)) if toward else math.nan,
     }
 
 
@@ -290,9 +391,12 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def summarise_run(run: Path) -> dict[str, Any]:
+def summarise_run(
+    run: Path, stats: Callable[[Iterable[dict[str, Any]]], dict[str, float]] = answer_stats
+) -> dict[str, Any]:
     """One finished run folder -> its part: evaluations, the per-step series, MI checkpoints, gradient points and
-    collapse measures (pure reading of ``eval_report.json``, ``collapse.jsonl`` and ``episodes.jsonl``)."""
+    collapse measures (``stats`` over the episodes: :func:`answer_stats` for Bandit, :func:`move_stats` for
+    FrozenLake) (pure reading of ``eval_report.json``, ``collapse.jsonl`` and ``episodes.jsonl``)."""
     report = json.loads((run / "eval_report.json").read_text(encoding="utf-8"))
     first, last = report["evals"][0], report["evals"][-1]
     rows = [
@@ -387,49 +491,118 @@ def summarise_run(run: Path) -> dict[str, Any]:
         "checkpoints": checkpoints,
         "grad": grad,
         "collapse": {
-            "final_eval": answer_stats(unique_eval),
-            "train": [{"step": s, **answer_stats(eps)} for s, eps in sorted(train_eps.items())],
+            "final_eval": stats(unique_eval),
+            "train": [{"step": s, **stats(eps)} for s, eps in sorted(train_eps.items())],
         },
     }
 
 
+# ----------------------------------------------------------------------------------------------- the two envs
+@dataclass(frozen=True)
+class Study:
+    """One env of the study: its command, run names, stages, length, seeds and collapse measure."""
+
+    env: str
+    #: the run's command up to its arm flags (``--model WARM_START --warm_start none`` follow it)
+    job: tuple[str, ...]
+    #: run-name prefix (Bandit's runs have none, so the parts recorded before FrozenLake joined keep their names)
+    prefix: str
+    stages: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]]
+    steps: int
+    first_train_seed: int
+    train_stride: int
+    collapse_stats: Callable[[Iterable[dict[str, Any]]], dict[str, float]]
+    pilot_cells: tuple[Cell, ...]
+    pilot_seeds: tuple[int, ...]
+    pilot_eval_n: int
+    mi_every: int
+    grad_every: int
+    records_every: int
+    #: training-success curves of a pilot run outside the study (per step), used when it runs no pilot of its own
+    pilot_curves: tuple[tuple[float, ...], ...] = ()
+    pilot_source: str = "the study's pilot runs"
+
+    def train_seed(self, seed: int) -> int:
+        return self.first_train_seed + self.train_stride * seed
+
+
+BANDIT = Study(
+    ENV,
+    tuple(ol.MAIN_JOB),
+    "",
+    STAGES,
+    STEPS,
+    train_seed(0),
+    train_seed(1) - train_seed(0),
+    answer_stats,
+    PILOT_CELLS,
+    PILOT_SEEDS,
+    PILOT_EVAL_N,
+    MI_EVERY,
+    GRAD_EVERY,
+    RECORDS_EVERY,
+)
+FROZENLAKE = Study(
+    FL_ENV,
+    tuple(FL_JOB),
+    "fl_",
+    FL_STAGES,
+    FL_STEPS,
+    FL_TRAIN_SEED,
+    FL_TRAIN_STRIDE,
+    move_stats,
+    (),
+    (),
+    128,
+    FL_MI_EVERY,
+    FL_GRAD_EVERY,
+    FL_RECORDS_EVERY,
+    pilot_curves=(tuple(v for v in FL_PILOT_CURVE_5 for _ in range(5)),),
+    pilot_source="the recipe's pilot (docs/training/organism.md: lr 3e-4, temperature 1.0, 100 steps, top-p 0.9; "
+    "pilot seeds 300,000..), its training success logged as 5-step means",
+)
+STUDIES = {BANDIT.env: BANDIT, FROZENLAKE.env: FROZENLAKE}
+
+
 # ----------------------------------------------------------------------------------------------- running
-def run_name(cell: Cell, seed: int) -> str:
-    return f"{cell.key}_s{seed}"
+def run_name(cell: Cell, seed: int, study: Study = BANDIT) -> str:
+    return f"{study.prefix}{cell.key}_s{seed}"
 
 
-def run_cell(work: Path, warm: Path, cell: Cell, seed: int, *, pilot: bool, quick: bool) -> dict[str, Any]:
+def run_cell(
+    work: Path, warm: Path, cell: Cell, seed: int, *, pilot: bool, quick: bool, study: Study = BANDIT
+) -> dict[str, Any]:
     """Train one (cell, seed) from the warm start, summarise it, keep the small files (the part)."""
-    name = ("pilot_" if pilot else "") + run_name(cell, seed)
+    name = ("pilot_" if pilot else "") + run_name(cell, seed, study)
 
     def compute() -> dict[str, Any]:
         out = work / "runs" / name
-        eval_seed, eval_n = (PILOT_EVAL_SEED, PILOT_EVAL_N) if pilot else (EVAL_SEED, EVAL_N)
-        flags = [*cell.flags(), "--seed", str(seed), "--train_seed", str(train_seed(seed))]
+        eval_seed, eval_n = (PILOT_EVAL_SEED, study.pilot_eval_n) if pilot else (EVAL_SEED, EVAL_N)
+        flags = [*cell.flags(), "--seed", str(seed), "--train_seed", str(study.train_seed(seed))]
         flags += ["--eval_seed", str(eval_seed), "--num_eval_seeds", str(QUICK_EVAL_N if quick else eval_n)]
-        flags += ["--max_steps", str(QUICK_STEPS if quick else STEPS), "--logging_steps", "1"]
-        flags += ["--mi_every", str(MI_EVERY), "--gradient_analysis_every", str(GRAD_EVERY)]
-        flags += ["--records_every", str(RECORDS_EVERY), "--learning_curve", "", "--episode_gif", ""]
-        head = [*ol.MAIN_JOB, "--model", str(warm), "--warm_start", "none"]
+        flags += ["--max_steps", str(QUICK_STEPS if quick else study.steps), "--logging_steps", "1"]
+        flags += ["--mi_every", str(study.mi_every), "--gradient_analysis_every", str(study.grad_every)]
+        flags += ["--records_every", str(study.records_every), "--learning_curve", "", "--episode_gif", ""]
+        head = [*study.job, "--model", str(warm), "--warm_start", "none"]
         cmd = [ol._bin(head[0]), *head[1:], *flags, "--output_dir", str(out), "--overwrite_output_dir"]
         timing = ol._timed(cmd, work / "runs" / f"{name}.log")
         result = {
             "name": name,
-            "env": ENV,
+            "env": study.env,
             "cell": cell.key,
             "arm": cell.arm,
             "beta": cell.beta,
             "entropy_coef": cell.entropy,
             "seed": seed,
-            "train_seed": train_seed(seed),
+            "train_seed": study.train_seed(seed),
             "eval_seed": eval_seed,
             "pilot": pilot,
             "quick": quick,
             "command": " ".join(
-                [*ol.MAIN_JOB, "--model", "WARM_START", "--warm_start", "none", *map(_quote, flags)]
+                [*study.job, "--model", "WARM_START", "--warm_start", "none", *map(_quote, flags)]
             ),
             **timing,
-            **summarise_run(out),
+            **summarise_run(out, study.collapse_stats),
         }
         # the run folder's bulky files go (model weights, episode records); the summary above keeps what is used
         shutil.rmtree(out / "final", ignore_errors=True)
@@ -445,11 +618,39 @@ def warm_start(work: Path, quick: bool) -> Path:
     return work / "bandit" / "warm_start" / "final"
 
 
-def planned(quick: bool) -> list[tuple[str, Cell, int]]:
-    """Every (stage, cell, seed) of the study in run order."""
+def fl_warm_start(work: Path, quick: bool, given: Path | None = None) -> Path:
+    """FrozenLake's shared warm start: ``given`` copied once into the work dir, or built there by the command of
+    ``organism_learning.py``'s SFT run :data:`FL_WARM_RUN` (``llmgym-sft`` on its solver episodes)."""
+    out = work / "frozenlake_warm_start"
+    final = out / "final"
+    if (final / "config.json").is_file():
+        return final
+    if given is not None:
+        shutil.copytree(given, final, dirs_exist_ok=True)
+        return final
+    weight, steps = ol.FL_RUNS[FL_WARM_RUN]
+    data = ol.frozenlake_data(work, quick)
+    cmd = [ol._bin("llmgym-sft"), "--model", "organism-s", "--data", str(data), "--output_dir", str(out)]
+    cmd += ["--overwrite_output_dir", "--max_steps", str(4 if quick else steps)]
+    cmd += [
+        "--per_device_train_batch_size",
+        "32",
+        "--learning_rate",
+        "1e-3",
+        "--lr_scheduler_type",
+        "constant",
+    ]
+    cmd += ["--seed", "0", "--format_loss_weight", str(weight), "--logging_steps", "50"]
+    ol._timed(cmd, work / "frozenlake_warm_start.log")
+    return final
+
+
+def planned(quick: bool, study: Study = BANDIT) -> list[tuple[str, Cell, int]]:
+    """Every (stage, cell, seed) of one env's study in run order (``quick``: its first stage on 2 seeds)."""
     out = []
-    for stage, (cells, seeds) in STAGES.items():
-        if quick and stage != "core":
+    first = next(iter(study.stages))
+    for stage, (cells, seeds) in study.stages.items():
+        if quick and stage != first:
             continue
         for seed in QUICK_SEEDS if quick else seeds:
             out += [(stage, cell, seed) for cell in cells]
@@ -481,13 +682,23 @@ def _paired_delta(runs: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]
     return {"mean": float(np.mean(d)), "ci": bootstrap_ci(d), "seeds": seeds}
 
 
-def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bool = False) -> dict[str, Any]:
-    """The study's result (``ragen2_claims.json``) from the finished parts."""
-    threshold = pilot_threshold([r["series"]["env/success"] for r in pilot]) if pilot else None
+def _env_of(run: dict[str, Any]) -> str:
+    return str(run.get("env", ENV))
+
+
+def aggregate_env(
+    study: Study, pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bool = False
+) -> dict[str, Any]:
+    """One env's part of the result from its finished parts: ``arms`` (per cell) and ``summary`` (pilot, Spearman,
+    gradient split, Table 8 comparison, runs done and missing, CPU)."""
+    pilot = [r for r in pilot if _env_of(r) == study.env]
+    runs = [r for r in runs if _env_of(r) == study.env]
+    curves = [r["series"]["env/success"] for r in pilot] or [list(c) for c in study.pilot_curves]
+    threshold = pilot_threshold(curves) if curves else None
     by_cell: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
         by_cell.setdefault(r["cell"], {})[int(r["seed"])] = r
-    plan = planned(quick)
+    plan = planned(quick, study)
     planned_seeds: dict[str, list[int]] = {}
     for _, cell, seed in plan:
         planned_seeds.setdefault(cell.key, []).append(seed)
@@ -557,15 +768,10 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
             "kept_frac": _mean(_mean(got[s]["series"]["snr/kept_frac"]) for s in seeds),
             "group_var_cv": _mean(_mean(got[s]["series"]["snr/group_var_cv"]) for s in seeds),
             "collapse": {
-                "top_answer_share": _mean(
-                    got[s]["collapse"]["final_eval"].get("top_answer_share") for s in seeds
-                ),
-                "answer_mi_bits": _mean(
-                    got[s]["collapse"]["final_eval"].get("answer_mi_bits") for s in seeds
-                ),
-                "first_listed_share": _mean(
-                    got[s]["collapse"]["final_eval"].get("first_listed_share") for s in seeds
-                ),
+                **{
+                    k: _mean(got[s]["collapse"]["final_eval"].get(k) for s in seeds)
+                    for k in _stat_keys(got[s]["collapse"]["final_eval"] for s in seeds)
+                },
                 "mi_zscore_first": _mean(c.get("mi") for c in first_mi),
                 "mi_zscore_last": _mean(c.get("mi") for c in final_mi),
                 "retrieval_acc_first": _mean(c.get("retrieval_acc") for c in first_mi),
@@ -644,51 +850,102 @@ def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bo
         for key, a in arms.items()
         if len(a["seeds"]) < len(a["planned_seeds"])
     }
-    envs: dict[str, Any] = {ENV: arms}
-    for env, why in PENDING_ENVS.items():
-        envs[env] = {"off": {"pending": why, "seeds": [], "success": {"mean": None, "ci": None}}}
+    return {
+        "arms": arms,
+        "summary": {
+            "steps": QUICK_STEPS if quick else study.steps,
+            "mi_every": study.mi_every,
+            "gradient_every": study.grad_every,
+            "eval_seeds": {"first": EVAL_SEED, "n": QUICK_EVAL_N if quick else EVAL_N},
+            "pilot": {
+                "seeds": sorted({int(r["seed"]) for r in pilot}),
+                "cells": sorted({r["cell"] for r in pilot}),
+                "eval_seeds": {"first": PILOT_EVAL_SEED, "n": study.pilot_eval_n},
+                "source": study.pilot_source if not pilot else "the study's pilot runs",
+                "threshold": threshold,
+                "rule": f"half the pilot runs' gain in training success, first {SMOOTH} steps to their peak "
+                f"{SMOOTH}-step mean",
+                "success": {r["name"]: r["after"]["success"]["rate"] for r in pilot},
+            },
+            "spearman": spear,
+            "gradient": gradient,
+            "when_filter_helps": {"ours": helps, "ragen2_table8": list(TABLE8)},
+            "runs_done": done,
+            "runs_planned": len(plan),
+            "missing": missing,
+            "cpu_seconds_per_run": cpu,
+            "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in runs + pilot)),
+            "wall_seconds_total": float(sum(r["wall_seconds"] for r in runs + pilot)),
+            "missing_cpu_seconds": (cpu or 0.0) * sum(len(v) for v in missing.values()),
+        },
+    }
+
+
+def _stat_keys(finals: Iterable[dict[str, Any]]) -> list[str]:
+    """The numeric collapse measures the runs' final evaluations carry, in first-seen order."""
+    keys: dict[str, None] = {}
+    for f in finals:
+        keys.update({k: None for k, v in f.items() if k != "episodes" and isinstance(v, (int, float))})
+    return list(keys)
+
+
+def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bool = False) -> dict[str, Any]:
+    """The study's result (``ragen2_claims.json``) from the finished parts: per env ``envs[env]`` (its arms) and
+    ``per_env[env]`` (its summary); the top-level ``pilot``, ``spearman``, ``gradient``, ``when_filter_helps``,
+    ``steps``, ``missing`` and costs are Bandit's (the study's first env, as recorded before FrozenLake joined),
+    ``runs_done`` and ``runs_planned`` count every env's."""
+    parts = {env: aggregate_env(study, pilot, runs, quick) for env, study in STUDIES.items()}
+    bandit = parts[ENV]["summary"]
     return {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "cpus": os.cpu_count(),
         "quick": quick,
-        "steps": QUICK_STEPS if quick else STEPS,
-        "eval_seeds": {"first": EVAL_SEED, "n": QUICK_EVAL_N if quick else EVAL_N},
-        "pilot": {
-            "seeds": sorted({int(r["seed"]) for r in pilot}),
-            "cells": sorted({r["cell"] for r in pilot}),
-            "eval_seeds": {"first": PILOT_EVAL_SEED, "n": PILOT_EVAL_N},
-            "threshold": threshold,
-            "rule": f"half the pilot runs' gain in training success, first {SMOOTH} steps to their peak {SMOOTH}-step mean",
-            "success": {r["name"]: r["after"]["success"]["rate"] for r in pilot},
-        },
-        "envs": envs,
-        "spearman": spear,
-        "gradient": gradient,
-        "when_filter_helps": {"ours": helps, "ragen2_table8": list(TABLE8)},
-        "runs_done": done,
-        "runs_planned": len(plan),
-        "missing": missing,
-        "cpu_seconds_per_run": cpu,
-        "cpu_seconds_total": float(sum(r["cpu_seconds"] for r in runs + pilot)),
-        "wall_seconds_total": float(sum(r["wall_seconds"] for r in runs + pilot)),
-        "missing_cpu_seconds": (cpu or 0.0) * sum(len(v) for v in missing.values()),
+        **bandit,
+        "envs": {env: p["arms"] for env, p in parts.items()},
+        "per_env": {env: p["summary"] for env, p in parts.items()},
+        "runs_done": sum(p["summary"]["runs_done"] for p in parts.values()),
+        "runs_planned": sum(p["summary"]["runs_planned"] for p in parts.values()),
     }
 
 
 # ----------------------------------------------------------------------------------------------- plots
+#: Plot file suffix and title per env.
+PLOT_TAGS = {ENV: ("", "Bandit"), FL_ENV: ("_frozenlake", "FrozenLake 3x3")}
+
+
 def plot(
     result: dict[str, Any], pilot: list[dict[str, Any]], runs: list[dict[str, Any]], out: Path
 ) -> list[Path]:
-    """Four PNGs: success per arm (seeds and bootstrap mean), learning curves with the pilot's threshold, the
-    gradient bound scatter, and MI / entropy against success over checkpoints."""
+    """Per env with finished runs, four PNGs: success per arm (seeds and bootstrap mean), learning curves with the
+    pilot's threshold, the gradient bound scatter, and MI / entropy against success over checkpoints."""
+    paths = []
+    for env, (tag, title) in PLOT_TAGS.items():
+        env_runs = [r for r in runs if _env_of(r) == env]
+        if env_runs:
+            env_pilot = [r for r in pilot if _env_of(r) == env]
+            summary = result["per_env"][env]
+            curves = [] if env_pilot else STUDIES[env].pilot_curves
+            paths += _plot_env(result["envs"][env], summary, env_pilot, curves, env_runs, out, tag, title)
+    return paths
+
+
+def _plot_env(
+    arms: dict[str, Any],
+    summary: dict[str, Any],
+    pilot: list[dict[str, Any]],
+    pilot_curves: Sequence[Sequence[float]],
+    runs: list[dict[str, Any]],
+    out: Path,
+    tag: str,
+    title: str,
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    arms = result["envs"][ENV]
     paths = []
     keys = [k for k, a in arms.items() if a["seeds"]]
 
@@ -710,9 +967,11 @@ def plot(
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xticks(range(len(keys)), keys, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("held-out success")
-    ax.set_title(f"Bandit, {result['steps']} GRPO steps: each seed and the mean (95% bootstrap)", fontsize=9)
+    ax.set_title(
+        f"{title}, {summary['steps']} GRPO steps: each seed and the mean (95% bootstrap)", fontsize=9
+    )
     fig.tight_layout()
-    paths.append(out / "ragen2_claims_success.png")
+    paths.append(out / f"ragen2_claims_success{tag}.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -729,13 +988,15 @@ def plot(
         ax.plot(range(1, n + 1), curve, color=f"C{i}", label=f"{k} ({len(rs)} seeds)")
     for r in pilot:
         ax.plot(r["steps"], trailing_mean(r["series"]["env/success"]), color="grey", lw=0.7, alpha=0.6)
-    if result["pilot"]["threshold"] is not None:
-        ax.axhline(result["pilot"]["threshold"], color="k", ls=":", lw=1, label="threshold (pilot)")
+    for c in pilot_curves:  # a pilot outside the study (FrozenLake: the recipe's)
+        ax.plot(range(1, len(c) + 1), trailing_mean(list(c)), color="grey", lw=0.7, alpha=0.6, label="pilot")
+    if summary["pilot"]["threshold"] is not None:
+        ax.axhline(summary["pilot"]["threshold"], color="k", ls=":", lw=1, label="threshold (pilot)")
     ax.set_xlabel("step")
     ax.set_ylabel(f"training success ({SMOOTH}-step mean)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths.append(out / "ragen2_claims_curves.png")
+    paths.append(out / f"ragen2_claims_curves{tag}.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -759,7 +1020,7 @@ def plot(
             label="|g_reg| (KL + entropy)",
         )
         ax.legend(fontsize=8)
-    c = result["gradient"]["c_max"]
+    c = summary["gradient"]["c_max"]
     if c:
         xs = np.linspace(0, max(g["sqrt_reward_var"] for g in pts), 20)
         ax.plot(xs, c * xs, "k:", lw=1)
@@ -767,7 +1028,7 @@ def plot(
     ax.set_xlabel("sqrt(Var(R|X)) of the bucket")
     ax.set_ylabel("|g_task|")
     fig.tight_layout()
-    paths.append(out / "ragen2_claims_gradient.png")
+    paths.append(out / f"ragen2_claims_gradient{tag}.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -776,7 +1037,7 @@ def plot(
     for ax, name in zip(axes, ("mi", "entropy")):
         xy = [(c[name], c["success"]) for c in pts_c if _finite(c.get(name)) and _finite(c.get("success"))]
         ax.scatter([p[0] for p in xy], [p[1] for p in xy], s=8, alpha=0.5)
-        rho = result["spearman"][name]["rho"]
+        rho = summary["spearman"][name]["rho"]
         ax.set_title(
             f"{SPEARMAN_KEYS[name]}: Spearman {rho:+.2f}" if rho is not None else SPEARMAN_KEYS[name],
             fontsize=8,
@@ -784,7 +1045,7 @@ def plot(
         ax.set_xlabel(SPEARMAN_KEYS[name])
         ax.set_ylabel("training success at the checkpoint")
     fig.tight_layout()
-    paths.append(out / "ragen2_claims_spearman.png")
+    paths.append(out / f"ragen2_claims_spearman{tag}.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
@@ -792,34 +1053,40 @@ def plot(
 
 # ----------------------------------------------------------------------------------------------- main
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """The printed report: each arm against no filter (ratios), the Spearman correlations, the bound."""
+    """The printed report, per env: each arm against no filter (ratios), the Spearman correlations, the bound."""
     lines = []
-    for key, a in result["envs"][ENV].items():
-        s = a["success"]
-        if not a["seeds"]:
-            lines.append(f"{key}: no finished seeds")
-            continue
-        ci = s["ci"] or [math.nan, math.nan]
-        d = a["delta_vs_no_filter"]
-        dtxt = (
-            f"; vs no filter {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]" if d and d["ci"] else ""
-        )
-        t = a["step_time"]
-        ttxt = f"; step time {t['vs_no_filter']:.2f}x no filter's" if t["vs_no_filter"] else ""
-        lines.append(
-            f"{key}: success {s['mean']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over {len(a['seeds'])} seeds{dtxt}{ttxt}"
-        )
-    for name in ("mi", "entropy"):
-        sp = result["spearman"][name]
-        rho = "n/a" if sp["rho"] is None else f"{sp['rho']:+.2f}"
-        lines.append(f"Spearman({sp['metric']}, success) = {rho} over {sp['n_checkpoints']} checkpoints")
-    g = result["gradient"]
-    if g["points"]:
-        lines.append(
-            f"|g_task| vs sqrt(Var(R|X)): Spearman {g['spearman_task_vs_sqrt_rv']}, C max {g['c_max']}, "
-            f"zero-variance buckets' max |g_task| {g['zero_rv_task_norm_max']}"
-        )
-    lines.append(f"runs done {result['runs_done']} of {result['runs_planned']}")
+    for env, arms in result["envs"].items():
+        summary = result["per_env"][env]
+        lines.append(f"== {env}")
+        for key, a in arms.items():
+            s = a["success"]
+            if not a["seeds"]:
+                lines.append(f"{key}: no finished seeds")
+                continue
+            ci = s["ci"] or [math.nan, math.nan]
+            d = a["delta_vs_no_filter"]
+            dtxt = (
+                f"; vs no filter {d['mean']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+                if d and d["ci"]
+                else ""
+            )
+            t = a["step_time"]
+            ttxt = f"; step time {t['vs_no_filter']:.2f}x no filter's" if t["vs_no_filter"] else ""
+            lines.append(
+                f"{key}: success {s['mean']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over {len(a['seeds'])} seeds"
+                f"{dtxt}{ttxt}"
+            )
+        for name in ("mi", "entropy"):
+            sp = summary["spearman"][name]
+            rho = "n/a" if sp["rho"] is None else f"{sp['rho']:+.2f}"
+            lines.append(f"Spearman({sp['metric']}, success) = {rho} over {sp['n_checkpoints']} checkpoints")
+        g = summary["gradient"]
+        if g["points"]:
+            lines.append(
+                f"|g_task| vs sqrt(Var(R|X)): Spearman {g['spearman_task_vs_sqrt_rv']}, C max {g['c_max']}, "
+                f"zero-variance buckets' max |g_task| {g['zero_rv_task_norm_max']}"
+            )
+        lines.append(f"runs done {summary['runs_done']} of {summary['runs_planned']}")
     return lines
 
 
@@ -835,32 +1102,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write docs/data/ragen2_claims.json and docs/img/ragen2_claims_*.png",
     )
     ap.add_argument("--aggregate-only", action="store_true", help="run nothing: aggregate the finished parts")
-    ap.add_argument("--stages", default=",".join(STAGES), help="stages to run, in order (default: all)")
+    known = [stage for study in STUDIES.values() for stage in study.stages]
+    ap.add_argument("--stages", default=",".join(known), help="stages to run, in order (default: all)")
+    ap.add_argument(
+        "--fl-warm-start",
+        type=Path,
+        help="FrozenLake's warm start to copy into the work dir (default: built there by llmgym-sft)",
+    )
     args = ap.parse_args(argv)
     if args.quick and args.publish:
         ap.error("--quick results are never published")
     stages = [s for s in args.stages.split(",") if s]
-    unknown = set(stages) - set(STAGES)
+    unknown = set(stages) - set(known)
     if unknown:
-        ap.error(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGES)}")
+        ap.error(f"unknown stages {sorted(unknown)}; known: {', '.join(known)}")
     work = args.work_dir
     (work / "runs").mkdir(parents=True, exist_ok=True)
     if not args.aggregate_only:
-        warm = warm_start(work, args.quick)
-        for cell in PILOT_CELLS:
-            for seed in PILOT_SEEDS[:1] if args.quick else PILOT_SEEDS:
-                run_cell(work, warm, cell, seed, pilot=True, quick=args.quick)
-        for stage, cell, seed in planned(args.quick):
-            if stage in stages:
+        for study in STUDIES.values():
+            if not set(stages) & set(study.stages):
+                continue
+            if study is BANDIT:
+                warm = warm_start(work, args.quick)
+            else:
+                warm = fl_warm_start(work, args.quick, args.fl_warm_start)
+            for cell in study.pilot_cells:
+                for seed in study.pilot_seeds[:1] if args.quick else study.pilot_seeds:
+                    run_cell(work, warm, cell, seed, pilot=True, quick=args.quick, study=study)
+            for stage, cell, seed in planned(args.quick, study):
+                if stage not in stages:
+                    continue
                 try:
-                    r = run_cell(work, warm, cell, seed, pilot=False, quick=args.quick)
-                except (
-                    SystemExit
-                ) as e:  # one failed run (its log names why) leaves the others to run; rerun retries it
-                    print(f"{stage} {run_name(cell, seed)}: FAILED: {e}", flush=True)
+                    r = run_cell(work, warm, cell, seed, pilot=False, quick=args.quick, study=study)
+                except SystemExit as e:  # one failed run (its log names why) leaves the others to run
+                    print(f"{stage} {run_name(cell, seed, study)}: FAILED: {e}", flush=True)
                     continue
                 print(
-                    f"{stage} {r['name']}: success {r['after']['success']['rate']:.3f}, {r['cpu_seconds']:.0f} CPU-s",
+                    f"{stage} {r['name']}: success {r['after']['success']['rate']:.3f}, "
+                    f"{r['cpu_seconds']:.0f} CPU-s",
                     flush=True,
                 )
     pilot, runs = load_runs(work)

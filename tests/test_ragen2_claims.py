@@ -121,8 +121,77 @@ def test_answer_statistics_tell_a_template_from_an_input_dependent_policy(rc):
     assert rc.answer_stats([]) == {"episodes": 0}
 
 
+def test_concentration_of_answers_over_contexts(rc):
+    # the answer copies the context: all of H(answer) is information about the context
+    copy = rc.concentration([("a", "x"), ("b", "y"), ("a", "x"), ("b", "y")])
+    assert copy == {"top_share": 0.5, "distinct": 2, "entropy_bits": 1.0, "mi_bits": 1.0}
+    # one answer whatever the context: no information, fully concentrated
+    template = rc.concentration([("a", "x"), ("b", "x"), ("c", "x")])
+    assert template["top_share"] == 1.0 and template["mi_bits"] == 0.0 and template["entropy_bits"] == 0.0
+    # an answer independent of the context: entropy 1 bit, MI 0
+    noise = rc.concentration([("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")])
+    assert noise["entropy_bits"] == 1.0 and noise["mi_bits"] == pytest.approx(0.0)
+
+
+def _board(start: tuple[int, int], goal: tuple[int, int]) -> str:
+    return (
+        "Coordinates:\nBoard: 3 rows x 3 cols (zero-indexed, (row, col))\n"
+        f"Start: ({start[0]}, {start[1]})\nGoal: ({goal[0]}, {goal[1]})\nPlayer: ({start[0]}, {start[1]})\n"
+        "Holes: none\nGrid Map:\n___\n___\n___"
+    )
+
+
+def _fl_episode(seed: int, start, goal, move: str | None, mode: str = "eval", step: int = 3) -> dict:
+    valid = move is not None
+    return {
+        "seed": seed,
+        "initial_observation": _board(start, goal),
+        "turns": [{"info": {"action_is_valid": valid, "actions": [move] if valid else []}}],
+        "meta": {"mode": mode, "step": step},
+        "success": False,
+    }
+
+
+def test_goal_direction_is_read_from_the_board(rc):
+    assert rc.goal_direction(_board((0, 2), (2, 2))) == (1, 0)
+    assert rc.goal_direction(_board((1, 1), (0, 0))) == (-1, -1)
+    assert rc.goal_direction("Goal: (1, 1)") is None and rc.goal_direction("") is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=400))
+def test_goal_direction_never_raises_on_arbitrary_text(text):
+    d = rc_module().goal_direction(text)
+    assert d is None or (d[0] in (-1, 0, 1) and d[1] in (-1, 0, 1))
+
+
+def test_move_statistics_tell_a_template_from_a_board_reading_policy(rc):
+    boards = [((0, 0), (2, 0)), ((0, 0), (0, 2)), ((2, 2), (0, 2)), ((2, 2), (2, 0))]
+    reading = [
+        _fl_episode(
+            i,
+            s,
+            g,
+            {(1, 0): "Down", (0, 1): "Right", (-1, 0): "Up", (0, -1): "Left"}[
+                rc.goal_direction(_board(s, g))
+            ],
+        )
+        for i, (s, g) in enumerate(boards * 2)
+    ]
+    m = rc.move_stats(reading)
+    assert m["episodes"] == 8 and m["distinct_moves"] == 4 and m["top_move_share"] == 0.25
+    assert m["move_mi_bits"] == pytest.approx(2.0) and m["toward_goal_share"] == 1.0
+    template = [_fl_episode(i, s, g, "Down") for i, (s, g) in enumerate(boards * 2)]
+    m = rc.move_stats(template)
+    assert m["top_move_share"] == 1.0 and m["move_mi_bits"] == 0.0 and m["toward_goal_share"] == 0.25
+    invalid = [_fl_episode(i, s, g, None) for i, (s, g) in enumerate(boards)]
+    m = rc.move_stats(invalid)
+    assert m["distinct_moves"] == 1 and math.isnan(m["toward_goal_share"])
+    assert rc.move_stats([]) == {"episodes": 0}
+
+
 # ------------------------------------------------------------------------------------------ a run folder
-def _write_run(folder: Path, rate: float, *, seed: int, steps: int = 12) -> None:
+def _write_run(folder: Path, rate: float, *, seed: int, steps: int = 12, frozenlake: bool = False) -> None:
     """A finished run folder as llmgym-train writes it: eval report, collapse series (with MI every 5 steps and
     a gradient analysis on step 1 and 11) and episode records (training rounds and the final evaluation)."""
     folder.mkdir(parents=True)
@@ -168,19 +237,26 @@ def _write_run(folder: Path, rate: float, *, seed: int, steps: int = 12) -> None
             r["grad_analysis/seconds"] = 0.3
         rows.append(r)
     (folder / "collapse.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pairs = [("Pilot", "Postman"), ("Miner", "Clerk")]
-    eps = [_episode(i, pairs[i % 2], pairs[i % 2][0], "train", 0) for i in range(8)]
-    # the final step's periodic and closing evaluations hold the same seeds: counted once
-    eps += [_episode(100 + i, pairs[i % 2], pairs[i % 2][i % 2], "eval", steps) for i in range(6)] * 2
+    if frozenlake:  # goal below or to the right of the start; the policy always moves down
+        boards = [((0, 0), (2, 0)), ((0, 0), (0, 2))]
+        eps = [_fl_episode(i, *boards[i % 2], "Down", "train", 0) for i in range(8)]
+        eps += [_fl_episode(100 + i, *boards[i % 2], "Down", "eval", steps) for i in range(6)] * 2
+    else:
+        pairs = [("Pilot", "Postman"), ("Miner", "Clerk")]
+        eps = [_episode(i, pairs[i % 2], pairs[i % 2][0], "train", 0) for i in range(8)]
+        # the final step's periodic and closing evaluations hold the same seeds: counted once
+        eps += [_episode(100 + i, pairs[i % 2], pairs[i % 2][i % 2], "eval", steps) for i in range(6)] * 2
     (folder / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
 
 
-def _part(rc, work: Path, cell, seed: int, rate: float, pilot: bool = False) -> dict:
-    name = ("pilot_" if pilot else "") + rc.run_name(cell, seed)
+def _part(rc, work: Path, cell, seed: int, rate: float, pilot: bool = False, study=None) -> dict:
+    study = study or rc.BANDIT
+    name = ("pilot_" if pilot else "") + rc.run_name(cell, seed, study)
     folder = work / "runs" / name
-    _write_run(folder, rate, seed=seed)
+    _write_run(folder, rate, seed=seed, frozenlake=study is rc.FROZENLAKE)
     part = {
         "name": name,
+        "env": study.env,
         "cell": cell.key,
         "arm": cell.arm,
         "beta": cell.beta,
@@ -189,7 +265,7 @@ def _part(rc, work: Path, cell, seed: int, rate: float, pilot: bool = False) -> 
         "pilot": pilot,
         "cpu_seconds": 30.0,
         "wall_seconds": 40.0,
-        **rc.summarise_run(folder),
+        **rc.summarise_run(folder, study.collapse_stats),
     }
     (work / "runs" / f"{name}.json").write_text(json.dumps(part))
     return part
@@ -222,6 +298,10 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
         _part(rc, work, rc.Cell(arm), 0, a)
         _part(rc, work, rc.Cell(arm), 1, b)
     _part(rc, work, rc.Cell("off"), 100, 0.8, pilot=True)
+    # FrozenLake: both core arms on seed 0, no filter on seed 1; no pilot runs (the recipe's pilot curve)
+    _part(rc, work, rc.Cell("off"), 0, 0.5, study=rc.FROZENLAKE)
+    _part(rc, work, rc.Cell("off"), 1, 0.6, study=rc.FROZENLAKE)
+    _part(rc, work, rc.Cell("top_p"), 0, 0.65, study=rc.FROZENLAKE)
     (work / "runs" / "broken.json").write_text("{")  # a torn part is skipped, not fatal
     assert rc.main(["--work-dir", str(work), "--quick", "--aggregate-only"]) == 0
     assert not published.exists() and not plots.exists()
@@ -231,7 +311,19 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert arms["top_p"]["success"]["ci"][0] <= 0.75 <= arms["top_p"]["success"]["ci"][1]
     assert arms["top_p"]["delta_vs_no_filter"]["mean"] == pytest.approx(0.2)  # paired by seed
     assert arms["top_k"]["seeds"] == [] and result["missing"] == {"top_k": [0, 1]}
-    assert result["runs_done"] == 6 and result["runs_planned"] == 8
+    # runs_done and runs_planned count both envs; missing (top level) is Bandit's, per_env holds each env's
+    assert result["runs_done"] == 9 and result["runs_planned"] == 12
+    assert result["per_env"][rc.ENV]["runs_done"] == 6 and result["per_env"][rc.ENV]["runs_planned"] == 8
+    fl, fl_sum = result["envs"][rc.FL_ENV], result["per_env"][rc.FL_ENV]
+    assert fl["off"]["seeds"] == [0, 1] and fl["off"]["success"]["mean"] == pytest.approx(0.55)
+    assert fl["top_p"]["delta_vs_no_filter"]["mean"] == pytest.approx(0.15)  # paired: seed 0 only
+    assert fl_sum["missing"] == {"top_p": [1]} and fl_sum["runs_done"] == 3 and fl_sum["runs_planned"] == 4
+    # no FrozenLake pilot runs: the threshold comes from the recipe's pilot curve, and says so
+    assert fl_sum["pilot"]["threshold"] == 0.55 and "recipe" in fl_sum["pilot"]["source"]
+    # the policy always moves down: one move, no information about the goal, toward the goal half the time
+    c = fl["off"]["collapse"]
+    assert c["top_move_share"] == 1.0 and c["move_mi_bits"] == 0.0 and c["toward_goal_share"] == 0.5
+    assert fl_sum["spearman"]["mi"]["rho"] > 0.8 and {"mi", "entropy"} <= result["spearman"].keys()
     assert result["pilot"]["seeds"] == [100] and 0.4 < result["pilot"]["threshold"] < 0.8
     # MI tracks success in these runs, entropy falls with it
     assert result["spearman"]["mi"]["rho"] > 0.8 and result["spearman"]["entropy"]["rho"] < -0.8
@@ -239,9 +331,8 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
         result["gradient"]["c_max"] == pytest.approx(2.0) == result["gradient"]["c_p95"]
         and result["gradient"]["zero_rv_points"] == 12
     )
-    assert rc.PENDING_ENVS.keys() <= result["envs"].keys()
     out = capsys.readouterr().out
-    assert "top_p: success 0.750" in out and "runs done 6 of 8" in out
+    assert "top_p: success 0.750" in out and "runs done 6 of 8" in out and "runs done 3 of 4" in out
     # the docs tables render from it
     text = hook.expand(
         "\n\n".join(f"<!-- ragen2-claims-{n} -->" for n in hook.RENDERERS), work / "ragen2_claims.json"
@@ -256,6 +347,27 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
         "**Missing:** `top_k` seeds 0, 1" in text
         and "RAGEN-2 Table 8: FrozenLake 3B GRPO | 0.33 | -5.0" in text
     )
+    # FrozenLake's tables: its arms (the seed-0 pair), its first-move columns, its missing seed, its Table 8 row
+    assert "| `top_p` | 1 | **0.650** | +0.150 |" in text and "| `off` | 1.000 | 0.00 | 0.50 |" in text
+    assert "FrozenLake, 3 of 4 planned runs" in text and "**Missing:** `top_p` seeds 1" in text
+    assert "| organism FrozenLake, `top_p` |" in text
+    assert "on one round in 10)" in text and "on one round in 25)" in text  # each env's own analysis interval
+
+
+def test_plots_are_drawn_per_env_with_finished_runs(rc, tmp_path):
+    work = tmp_path / "work"
+    for seed in (0, 1):
+        _part(rc, work, rc.Cell("off"), seed, 0.5 + 0.1 * seed)
+        _part(rc, work, rc.Cell("top_p"), seed, 0.6, study=rc.FROZENLAKE)
+    pilot, runs = rc.load_runs(work)
+    paths = rc.plot(rc.aggregate(pilot, runs), pilot, runs, tmp_path / "img")
+    names = sorted(p.name for p in paths)
+    assert names == sorted(
+        f"ragen2_claims_{n}{tag}.png"
+        for n in ("success", "curves", "gradient", "spearman")
+        for tag in ("", "_frozenlake")
+    )
+    assert all(p.stat().st_size > 1000 for p in paths)
 
 
 def test_quick_is_never_published(rc, tmp_path):
@@ -264,6 +376,44 @@ def test_quick_is_never_published(rc, tmp_path):
     with pytest.raises(SystemExit):
         rc.main(["--work-dir", str(tmp_path), "--stages", "core,nope", "--aggregate-only"])
     assert not (tmp_path / "ragen2_claims.json").exists()
+
+
+def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_env_seeds(rc):
+    plan = rc.planned(quick=False, study=rc.FROZENLAKE)
+    core = [(c.key, s) for stage, c, s in plan if stage == "fl_core"]
+    assert plan[: len(core)] == [("fl_core", rc.Cell(k), s) for k, s in core]  # before top-k and upstream
+    assert sorted(core) == sorted((k, s) for k in ("off", "top_p") for s in range(10))
+    assert [k for k, _ in core[:4]] == [
+        "off",
+        "top_p",
+        "off",
+        "top_p",
+    ]  # seed-major: a cut leaves equal seeds
+    fl = rc.FROZENLAKE
+    train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in range(10)]
+    assert all(not (a & b) for i, a in enumerate(train) for b in train[i + 1 :])
+    everything = set().union(*train)
+    assert (
+        max(everything) < rc.EVAL_SEED
+    )  # below the evaluation seeds, hence the pilot's and the solver data's
+    assert rc.run_name(rc.Cell("off"), 3, fl) == "fl_off_s3" and rc.run_name(rc.Cell("off"), 3) == "off_s3"
+    quick = rc.planned(quick=True, study=fl)
+    assert {s for _, _, s in quick} == set(rc.QUICK_SEEDS) and {st for st, _, _ in quick} == {"fl_core"}
+
+
+def test_frozenlake_warm_start_is_copied_once_from_a_given_folder(rc, tmp_path):
+    given = tmp_path / "ckpt"
+    given.mkdir()
+    (given / "config.json").write_text("{}")
+    (given / "model.safetensors").write_bytes(b"w")
+    got = rc.fl_warm_start(tmp_path / "work", quick=True, given=given)
+    assert (
+        got == tmp_path / "work" / "frozenlake_warm_start" / "final"
+        and (got / "model.safetensors").read_bytes() == b"w"
+    )
+    (given / "model.safetensors").write_bytes(b"changed")  # a finished copy is kept, never refreshed
+    assert rc.fl_warm_start(tmp_path / "work", quick=True, given=given) == got
+    assert (got / "model.safetensors").read_bytes() == b"w"
 
 
 def test_the_plan_covers_every_arm_with_ten_seeds_and_disjoint_seed_sets(rc):
@@ -291,3 +441,7 @@ def test_the_published_tables_render_when_recorded(hook):
         if a["seeds"]:
             assert f"| `{key}` | {len(a['seeds'])} | **{a['success']['mean']:.3f}**" in text
     assert {"mi", "entropy"} <= data["spearman"].keys()
+    fl = hook.expand("<!-- ragen2-claims-fl-arms -->\n")
+    for key, a in data["envs"].get(hook.FL_ENV, {}).items():
+        if a.get("seeds"):
+            assert f"| `{key}` | {len(a['seeds'])} | **{a['success']['mean']:.3f}**" in fl
