@@ -767,7 +767,7 @@ def _code_strings(path: Path) -> list[str]:
     return out
 
 
-PUBLISHING_BENCHMARKS = ("learning_study.py", "organism_learning.py", "ragen2_claims.py")
+PUBLISHING_BENCHMARKS = ("learning_study.py", "organism_learning.py", "ragen2_claims.py", "smollm2_checks.py")
 
 
 @pytest.mark.parametrize(

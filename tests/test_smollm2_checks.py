@@ -74,6 +74,13 @@ def test_quick_shrinks_steps_and_seeds_and_unknown_parts_fail(bench):
         bench.run_flags("A_s9", quick=False)
 
 
+def test_quick_results_are_never_published(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "run_part", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit):
+        bench.main(["--work-dir", str(tmp_path / "w"), "--quick", "--publish"])
+    assert "never published" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+
 def _rate(k: int, n: int) -> dict:
     from llm_gym.agent.baselines import wilson_interval
 
