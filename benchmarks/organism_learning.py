@@ -258,6 +258,15 @@ FL_RUNS = {"w1": (1.0, 300), "w0.1": (0.1, 300), "w0.1_600": (0.1, 600), "w0.1_9
 FL_CONTROL_STEPS = 300
 
 
+def fl_sft_args(data: Path, out: Path, weight: float, steps: int) -> list[str]:
+    """``llmgym-sft``'s arguments for a FrozenLake SFT run of :data:`FL_RUNS` (the one place its recipe is written):
+    organism-s, steps of 32 episodes at lr 1e-3 constant, seed 0, format tokens weighed ``weight``."""
+    args = ["--model", "organism-s", "--data", str(data), "--output_dir", str(out), "--overwrite_output_dir"]
+    args += ["--max_steps", str(steps), "--per_device_train_batch_size", "32", "--learning_rate", "1e-3"]
+    args += ["--lr_scheduler_type", "constant", "--seed", "0", "--format_loss_weight", str(weight)]
+    return [*args, "--logging_steps", "50"]
+
+
 def part_frozenlake_sft(work: Path, quick: bool, published: dict[str, Any] | None = None) -> dict[str, Any]:
     """``llmgym-sft`` on solver episodes for each of :data:`FL_RUNS`, then greedy ``llmgym-eval`` (one part
     each). ``published``: runs already published with the same weight and steps are taken as they are
@@ -273,16 +282,7 @@ def part_frozenlake_sft(work: Path, quick: bool, published: dict[str, Any] | Non
             done.write_text(json.dumps(old, indent=2) + "\n")
         if not done.is_file():
             run = work / f"frozenlake_sft_{name}"
-            cmd = [_bin("llmgym-sft"), "--model", "organism-s", "--data", str(data), "--output_dir", str(run)]
-            cmd += [
-                "--overwrite_output_dir",
-                "--max_steps",
-                str(steps),
-                "--per_device_train_batch_size",
-                "32",
-            ]
-            cmd += ["--learning_rate", "1e-3", "--lr_scheduler_type", "constant", "--seed", "0"]
-            cmd += ["--format_loss_weight", str(weight), "--logging_steps", "50"]
+            cmd = [_bin("llmgym-sft"), *fl_sft_args(data, run, weight, steps)]
             timing = _timed(cmd, work / f"frozenlake_sft_{name}.log")
             ev = work / f"frozenlake_eval_{name}"
             cmd = [

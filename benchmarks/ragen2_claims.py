@@ -630,17 +630,7 @@ def fl_warm_start(work: Path, quick: bool, given: Path | None = None) -> Path:
         return final
     weight, steps = ol.FL_RUNS[FL_WARM_RUN]
     data = ol.frozenlake_data(work, quick)
-    cmd = [ol._bin("llmgym-sft"), "--model", "organism-s", "--data", str(data), "--output_dir", str(out)]
-    cmd += ["--overwrite_output_dir", "--max_steps", str(4 if quick else steps)]
-    cmd += [
-        "--per_device_train_batch_size",
-        "32",
-        "--learning_rate",
-        "1e-3",
-        "--lr_scheduler_type",
-        "constant",
-    ]
-    cmd += ["--seed", "0", "--format_loss_weight", str(weight), "--logging_steps", "50"]
+    cmd = [ol._bin("llmgym-sft"), *ol.fl_sft_args(data, out, weight, 4 if quick else steps)]
     ol._timed(cmd, work / "frozenlake_warm_start.log")
     return final
 

@@ -61,25 +61,8 @@ def sft_run(data, tmp_path_factory) -> Path:
     """``llmgym-sft`` as the benchmark's ``w0.1_900`` run, with a checkpoint at 300 steps (the broken twin)."""
     weight, steps = ORGANISM.FL_RUNS["w0.1_900"]
     out = tmp_path_factory.mktemp("sft")
-    argv = ["--model", "organism-s", "--data", str(data), "--output_dir", str(out), "--max_steps", str(steps)]
-    argv += [
-        "--per_device_train_batch_size",
-        "32",
-        "--learning_rate",
-        "1e-3",
-        "--lr_scheduler_type",
-        "constant",
-    ]
-    argv += [
-        "--seed",
-        "0",
-        "--format_loss_weight",
-        str(weight),
-        "--report_to",
-        "none",
-        "--logging_steps",
-        "50",
-    ]
+    argv = ORGANISM.fl_sft_args(data, out, weight, steps)
+    # the benchmark's run, with a checkpoint at 300 steps (report_to is llmgym-sft's default, none)
     assert sft.main([*argv, "--save_strategy", "steps", "--save_steps", "300"]) == 0
     return out
 
