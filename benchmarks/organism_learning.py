@@ -59,8 +59,6 @@ PUBLISHED = ROOT / "docs" / "data" / "organism_learning.json"
 IMG = ROOT / "docs" / "img"
 #: The organism profiles run here, part name -> ``--env`` (``bandit`` is the README's main job).
 PROFILE_ENVS = {"bandit": "Bandit", "coordfrozenlake": "CoordFrozenLake"}
-#: The README's main job, exactly as printed there.
-MAIN_JOB = ["llmgym-train", "--profile", "organism", "--env", PROFILE_ENVS["bandit"]]
 QUICK = [
     "--warm_start_max_steps",
     "10",
@@ -93,9 +91,13 @@ def _timed(cmd: list[str], log: Path) -> dict[str, float]:
     return {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1)}
 
 
-def _profile_job(short: str) -> list[str]:
+def profile_job(short: str) -> list[str]:
     """The organism profile's one command for an env (``trainer/profiles/organism/<short>.yaml``)."""
     return ["llmgym-train", "--profile", "organism", "--env", PROFILE_ENVS[short]]
+
+
+#: The README's main job, exactly as printed there.
+MAIN_JOB = profile_job("bandit")
 
 
 def part_profile(work: Path, quick: bool, short: str = "bandit") -> dict[str, Any]:
@@ -105,7 +107,7 @@ def part_profile(work: Path, quick: bool, short: str = "bandit") -> dict[str, An
     done = work / f"{short}.json"
     if done.is_file():
         return json.loads(done.read_text())
-    job = _profile_job(short)
+    job = profile_job(short)
     cmd = [_bin(job[0]), *job[1:], "--output_dir", str(out), "--overwrite_output_dir"]
     cmd += QUICK if quick else []
     timing = _timed(cmd, work / f"{short}.log")

@@ -170,7 +170,7 @@ FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(3))),
 }
 #: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
-FL_JOB = ["llmgym-train", "--profile", "organism", "--env", ol.PROFILE_ENVS["coordfrozenlake"]]
+FL_JOB = ol.profile_job("coordfrozenlake")
 #: RL steps per FrozenLake run: the recipe's pilot gained about 0.06 greedy success in 100 (a 400-step run is 4x
 #: the CPU this study has).
 FL_STEPS = 100
@@ -527,36 +527,36 @@ class Study:
 
 
 BANDIT = Study(
-    ENV,
-    tuple(ol.MAIN_JOB),
-    "",
-    STAGES,
-    STEPS,
-    train_seed(0),
-    train_seed(1) - train_seed(0),
-    answer_stats,
-    PILOT_CELLS,
-    PILOT_SEEDS,
-    PILOT_EVAL_N,
-    MI_EVERY,
-    GRAD_EVERY,
-    RECORDS_EVERY,
+    env=ENV,
+    job=tuple(ol.MAIN_JOB),
+    prefix="",
+    stages=STAGES,
+    steps=STEPS,
+    first_train_seed=train_seed(0),
+    train_stride=train_seed(1) - train_seed(0),
+    collapse_stats=answer_stats,
+    pilot_cells=PILOT_CELLS,
+    pilot_seeds=PILOT_SEEDS,
+    pilot_eval_n=PILOT_EVAL_N,
+    mi_every=MI_EVERY,
+    grad_every=GRAD_EVERY,
+    records_every=RECORDS_EVERY,
 )
 FROZENLAKE = Study(
-    FL_ENV,
-    tuple(FL_JOB),
-    "fl_",
-    FL_STAGES,
-    FL_STEPS,
-    FL_TRAIN_SEED,
-    FL_TRAIN_STRIDE,
-    move_stats,
-    (),
-    (),
-    128,
-    FL_MI_EVERY,
-    FL_GRAD_EVERY,
-    FL_RECORDS_EVERY,
+    env=FL_ENV,
+    job=tuple(FL_JOB),
+    prefix="fl_",
+    stages=FL_STAGES,
+    steps=FL_STEPS,
+    first_train_seed=FL_TRAIN_SEED,
+    train_stride=FL_TRAIN_STRIDE,
+    collapse_stats=move_stats,
+    pilot_cells=(),
+    pilot_seeds=(),
+    pilot_eval_n=128,
+    mi_every=FL_MI_EVERY,
+    grad_every=FL_GRAD_EVERY,
+    records_every=FL_RECORDS_EVERY,
     pilot_curves=(tuple(v for v in FL_PILOT_CURVE_5 for _ in range(5)),),
     pilot_source="the recipe's pilot (docs/training/organism.md: lr 3e-4, temperature 1.0, 100 steps, top-p 0.9; "
     "pilot seeds 300,000..), its training success logged as 5-step means",

