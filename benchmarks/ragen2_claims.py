@@ -13,7 +13,8 @@ Two envs (:data:`STUDIES`), each run trained from its env's one shared warm star
 Arms: no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, masked as the upstream PRs do);
 top-k 0.5 (RAGEN-2 Table 9's better top-k). On Bandit crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the
 warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001, for no filter and top-p (and
-top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, the other two after.
+top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, then the other two, then no
+filter and top-p with KL 0.01, each at 10 seeds.
 
 Seeds: Bandit's pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) and FrozenLake's recipe pilot
 (:data:`FL_PILOT_CURVE_5`, pilot seeds) set the steps-to-threshold thresholds; training seeds 0.. each play their
@@ -163,11 +164,13 @@ def train_seed(seed: int) -> int:
     return 20_000 + 1_000 * seed
 
 
-#: FrozenLake stages: no filter and our top-p at 10 training seeds (the issue's minimum) first; top-k and RAGEN's
-#: upstream rule at fewer seeds after them, as the CPU allows.
+#: FrozenLake stages, each at 10 training seeds (the issue's minimum): no filter and our top-p first; top-k and RAGEN's
+#: upstream rule next; then the one KL crossing the CPU allows.
 FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "fl_core": ((Cell("off"), Cell("top_p")), tuple(range(10))),
-    "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(3))),
+    "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(10))),
+    # the KL crossing at beta 0.01 (Bandit's strongest contrast), no filter against top-p
+    "fl_kl": ((Cell("off", 0.01), Cell("top_p", 0.01)), tuple(range(10))),
 }
 #: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
 FL_JOB = ol.profile_job("coordfrozenlake")

@@ -389,6 +389,10 @@ def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_en
         "off",
         "top_p",
     ]  # seed-major: a cut leaves equal seeds
+    # every FrozenLake stage at the 10 seeds per arm, the KL crossing last
+    assert [st for st in rc.FL_STAGES] == ["fl_core", "fl_more", "fl_kl"]
+    assert all(seeds == tuple(range(10)) for _, seeds in rc.FL_STAGES.values())
+    assert {c.key for c in rc.FL_STAGES["fl_kl"][0]} == {"off+kl0.01", "top_p+kl0.01"}
     fl = rc.FROZENLAKE
     train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in range(10)]
     assert all(not (a & b) for i, a in enumerate(train) for b in train[i + 1 :])

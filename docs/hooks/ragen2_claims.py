@@ -5,7 +5,7 @@ A page writes a marker on a line of its own and the build replaces it: ``<!-- ra
 steps to the threshold, step time per arm), ``-collapse`` (answer concentration, MI-ZScore, retrieval accuracy),
 ``-spearman`` (MI and entropy against success, beside the paper's), ``-gradient`` (|g_task| per reward-variance
 bucket), ``-table8`` (Std(RV)/Mean(RV) against the filter's effect for every env, beside RAGEN-2 Table 8) and
-``-status`` (what ran, what is missing and the CPU it needs) render Bandit's part; ``-fl-arms``, ``-fl-collapse``,
+``-status`` (what ran, what is missing and the CPU it needs) render Bandit's part; ``-fl-arms``, ``-fl-crossings``, ``-fl-collapse``,
 ``-fl-spearman``, ``-fl-gradient`` and ``-fl-status`` the same for FrozenLake's.
 """
 
@@ -78,13 +78,13 @@ def arms_table(data: dict[str, Any], env: str = ENV) -> str:
     return "\n".join(lines)
 
 
-def crossings_table(data: dict[str, Any]) -> str:
+def crossings_table(data: dict[str, Any], env: str = ENV) -> str:
     """Each KL / entropy-bonus crossing against the same filter without it (paired by seed)."""
     lines = [
         "| arm | seeds | held-out success | vs the same filter without KL / entropy bonus (paired) |",
         "|---|---|---|---|",
     ]
-    for key, a in _arms(data).items():
+    for key, a in _arms(data, env).items():
         d = a.get("delta_vs_plain")
         if not (a["beta"] or a["entropy_coef"]) or not a["seeds"]:
             continue
@@ -245,6 +245,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
         f"fl-{name}": functools.partial(render, env=FL_ENV)
         for name, render in (
             ("arms", arms_table),
+            ("crossings", crossings_table),
             ("collapse", collapse_table),
             ("spearman", spearman_table),
             ("gradient", gradient_table),
