@@ -14,7 +14,7 @@ Arms: no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, m
 top-k 0.5 (RAGEN-2 Table 9's better top-k). On Bandit crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the
 warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001, for no filter and top-p (and
 top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, then the other two, then no
-filter and top-p with KL 0.01, each at 10 seeds.
+filter and top-p with KL 0.01 and with the entropy bonus, each at 10 seeds.
 
 Seeds: Bandit's pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) and FrozenLake's recipe pilot
 (:data:`FL_PILOT_CURVE_5`, pilot seeds) set the steps-to-threshold thresholds; training seeds 0.. each play their
@@ -33,7 +33,8 @@ finished, even while another invocation runs); ``--stages`` picks stages of eith
 
 ``--publish`` writes ``docs/data/ragen2_claims.json`` (per env and arm ``envs[env][arm]`` with ``seeds`` and
 ``success`` with ``mean`` and a bootstrap ``ci`` over seeds; per env ``per_env[env]`` with its pilot, ``spearman``,
-gradient split, runs done and ``missing``; top-level ``spearman`` with ``mi`` and ``entropy``, Bandit's) and the
+gradient split, runs done and ``missing``; top-level ``spearman`` with ``mi`` and ``entropy``, Bandit's, and each
+env's under ``by_env``) and the
 plots ``docs/img/ragen2_claims_*.png``; ``--quick`` never writes into ``docs/``.
 """
 
@@ -165,12 +166,14 @@ def train_seed(seed: int) -> int:
 
 
 #: FrozenLake stages, each at 10 training seeds (the issue's minimum): no filter and our top-p first; top-k and RAGEN's
-#: upstream rule next; then the one KL crossing the CPU allows.
+#: upstream rule next; then KL 0.01 and the entropy bonus, each crossed with no filter and top-p.
 FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "fl_core": ((Cell("off"), Cell("top_p")), tuple(range(10))),
     "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(10))),
     # the KL crossing at beta 0.01 (Bandit's strongest contrast), no filter against top-p
     "fl_kl": ((Cell("off", 0.01), Cell("top_p", 0.01)), tuple(range(10))),
+    # the entropy bonus (the grpo preset's 0.001), no filter against top-p
+    "fl_entropy": ((Cell("off", 0.0, 0.001), Cell("top_p", 0.0, 0.001)), tuple(range(10))),
 }
 #: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
 FL_JOB = ol.profile_job("coordfrozenlake")
@@ -862,7 +865,7 @@ def aggregate_env(
             },
             "spearman": spear,
             "gradient": gradient,
-            "when_filter_helps": {"ours": helps, "ragen2_table8": list(TABLE8)},
+            "when_filter_helps": helps,
             "runs_done": done,
             "runs_planned": len(plan),
             "missing": missing,
@@ -884,21 +887,29 @@ def _stat_keys(finals: Iterable[dict[str, Any]]) -> list[str]:
 
 def aggregate(pilot: list[dict[str, Any]], runs: list[dict[str, Any]], quick: bool = False) -> dict[str, Any]:
     """The study's result (``ragen2_claims.json``) from the finished parts: per env ``envs[env]`` (its arms) and
-    ``per_env[env]`` (its summary); the top-level ``pilot``, ``spearman``, ``gradient``, ``when_filter_helps``,
-    ``steps``, ``missing`` and costs are Bandit's (the study's first env, as recorded before FrozenLake joined),
-    ``runs_done`` and ``runs_planned`` count every env's."""
+    ``per_env[env]`` (its summary); at the top level ``runs_done`` and ``runs_planned`` over every env, RAGEN-2's
+    Table 8 rows (``ragen2_table8``) and ``spearman``: each proxy's correlation with success per env (``by_env``),
+    with ``mi`` and ``entropy`` the study's first env's (Bandit's)."""
     parts = {env: aggregate_env(study, pilot, runs, quick) for env, study in STUDIES.items()}
-    bandit = parts[ENV]["summary"]
+    first = parts[ENV]["summary"]["spearman"]
     return {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "cpus": os.cpu_count(),
         "quick": quick,
-        **bandit,
         "envs": {env: p["arms"] for env, p in parts.items()},
         "per_env": {env: p["summary"] for env, p in parts.items()},
         "runs_done": sum(p["summary"]["runs_done"] for p in parts.values()),
         "runs_planned": sum(p["summary"]["runs_planned"] for p in parts.values()),
+        "ragen2_table8": list(TABLE8),
+        "spearman": {
+            "env": ENV,
+            "mi": first["mi"],
+            "entropy": first["entropy"],
+            "by_env": {
+                env: {k: p["summary"]["spearman"][k] for k in ("mi", "entropy")} for env, p in parts.items()
+            },
+        },
     }
 
 

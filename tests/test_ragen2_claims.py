@@ -310,8 +310,10 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert arms["off"]["seeds"] == [0, 1] and arms["off"]["success"]["mean"] == pytest.approx(0.55)
     assert arms["top_p"]["success"]["ci"][0] <= 0.75 <= arms["top_p"]["success"]["ci"][1]
     assert arms["top_p"]["delta_vs_no_filter"]["mean"] == pytest.approx(0.2)  # paired by seed
-    assert arms["top_k"]["seeds"] == [] and result["missing"] == {"top_k": [0, 1]}
-    # runs_done and runs_planned count both envs; missing (top level) is Bandit's, per_env holds each env's
+    bandit = result["per_env"][rc.ENV]
+    assert arms["top_k"]["seeds"] == [] and bandit["missing"] == {"top_k": [0, 1]}
+    # runs_done and runs_planned count both envs; per_env holds each env's summary, and only there
+    assert not {"missing", "pilot", "gradient", "when_filter_helps"} & result.keys()
     assert result["runs_done"] == 9 and result["runs_planned"] == 12
     assert result["per_env"][rc.ENV]["runs_done"] == 6 and result["per_env"][rc.ENV]["runs_planned"] == 8
     fl, fl_sum = result["envs"][rc.FL_ENV], result["per_env"][rc.FL_ENV]
@@ -324,13 +326,16 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     c = fl["off"]["collapse"]
     assert c["top_move_share"] == 1.0 and c["move_mi_bits"] == 0.0 and c["toward_goal_share"] == 0.5
     assert fl_sum["spearman"]["mi"]["rho"] > 0.8 and {"mi", "entropy"} <= result["spearman"].keys()
-    assert result["pilot"]["seeds"] == [100] and 0.4 < result["pilot"]["threshold"] < 0.8
+    assert result["spearman"]["by_env"][rc.FL_ENV]["mi"] == fl_sum["spearman"]["mi"]
+    assert bandit["pilot"]["seeds"] == [100] and 0.4 < bandit["pilot"]["threshold"] < 0.8
     # MI tracks success in these runs, entropy falls with it
     assert result["spearman"]["mi"]["rho"] > 0.8 and result["spearman"]["entropy"]["rho"] < -0.8
+    assert result["spearman"]["mi"] == bandit["spearman"]["mi"] and result["spearman"]["env"] == rc.ENV
     assert (
-        result["gradient"]["c_max"] == pytest.approx(2.0) == result["gradient"]["c_p95"]
-        and result["gradient"]["zero_rv_points"] == 12
+        bandit["gradient"]["c_max"] == pytest.approx(2.0) == bandit["gradient"]["c_p95"]
+        and bandit["gradient"]["zero_rv_points"] == 12
     )
+    assert [r["setting"] for r in result["ragen2_table8"]] == [r["setting"] for r in rc.TABLE8]
     out = capsys.readouterr().out
     assert "top_p: success 0.750" in out and "runs done 6 of 8" in out and "runs done 3 of 4" in out
     # the docs tables render from it
@@ -389,10 +394,11 @@ def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_en
         "off",
         "top_p",
     ]  # seed-major: a cut leaves equal seeds
-    # every FrozenLake stage at the 10 seeds per arm, the KL crossing last
-    assert [st for st in rc.FL_STAGES] == ["fl_core", "fl_more", "fl_kl"]
+    # every FrozenLake stage at the 10 seeds per arm, the crossings last
+    assert [st for st in rc.FL_STAGES] == ["fl_core", "fl_more", "fl_kl", "fl_entropy"]
     assert all(seeds == tuple(range(10)) for _, seeds in rc.FL_STAGES.values())
     assert {c.key for c in rc.FL_STAGES["fl_kl"][0]} == {"off+kl0.01", "top_p+kl0.01"}
+    assert {c.key for c in rc.FL_STAGES["fl_entropy"][0]} == {"off+ent0.001", "top_p+ent0.001"}
     fl = rc.FROZENLAKE
     train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in range(10)]
     assert all(not (a & b) for i, a in enumerate(train) for b in train[i + 1 :])

@@ -42,9 +42,8 @@ def _arms(data: dict[str, Any], env: str = ENV) -> dict[str, Any]:
 
 
 def _summary(data: dict[str, Any], env: str = ENV) -> dict[str, Any]:
-    """One env's summary (pilot, Spearman, gradient split, runs); a file recorded before ``per_env`` existed has
-    Bandit's at the top level."""
-    return data.get("per_env", {}).get(env) or data
+    """One env's summary (pilot, Spearman, gradient split, runs)."""
+    return data["per_env"][env]
 
 
 def arms_table(data: dict[str, Any], env: str = ENV) -> str:
@@ -195,14 +194,14 @@ def table8(data: dict[str, Any]) -> str:
     for env, label in ENV_LABELS.items():
         if env not in data["envs"]:
             continue
-        for r in _summary(data, env)["when_filter_helps"]["ours"]:
+        for r in _summary(data, env)["when_filter_helps"]:
             pts = None if r["delta"] is None else 100 * r["delta"]
             ci = None if not r["delta_ci"] else [100 * x for x in r["delta_ci"]]
             lines.append(
                 f"| organism {label}, `{r['cell']}` | {_f(r['std_over_mean'], '.2f')} | "
                 f"{_f(pts, '+.1f')}{_ci(ci, '+.1f')} |"
             )
-    for r in data["when_filter_helps"]["ragen2_table8"]:
+    for r in data["ragen2_table8"]:
         lines.append(
             f"| RAGEN-2 Table 8: {r['setting']} | {r['std_over_mean']:.2f} | {r['delta'].rstrip('%')} |"
         )
