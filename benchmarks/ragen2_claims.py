@@ -670,6 +670,10 @@ def _mean(values: Iterable[Any]) -> float | None:
     return float(np.mean(v)) if v else None
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
 def _paired_delta(runs: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     seeds = sorted(set(runs) & set(ref))
     if not seeds:
@@ -779,6 +783,13 @@ def aggregate_env(
                 "collapse_step_median": float(np.median(collapsed)) if collapsed else None,
             },
             "cpu_seconds": _mean(got[s]["cpu_seconds"] for s in seeds),
+            # the process CPU of a whole run (start-up and evaluations included) against no filter's: unlike the
+            # wall step time, it does not move with the machine's load when arms ran in different stages
+            "cpu_vs_no_filter": _ratio(
+                _mean(got[s]["cpu_seconds"] for s in seeds), _mean(r["cpu_seconds"] for r in ref.values())
+            )
+            if cell.arm != "off"
+            else None,
             "wall_seconds": _mean(got[s]["wall_seconds"] for s in seeds),
         }
     points = [c for r in runs for c in r["checkpoints"]]

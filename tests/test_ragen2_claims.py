@@ -249,7 +249,9 @@ def _write_run(folder: Path, rate: float, *, seed: int, steps: int = 12, frozenl
     (folder / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
 
 
-def _part(rc, work: Path, cell, seed: int, rate: float, pilot: bool = False, study=None) -> dict:
+def _part(
+    rc, work: Path, cell, seed: int, rate: float, pilot: bool = False, study=None, cpu: float = 30.0
+) -> dict:
     study = study or rc.BANDIT
     name = ("pilot_" if pilot else "") + rc.run_name(cell, seed, study)
     folder = work / "runs" / name
@@ -263,7 +265,7 @@ def _part(rc, work: Path, cell, seed: int, rate: float, pilot: bool = False, stu
         "entropy_coef": cell.entropy,
         "seed": seed,
         "pilot": pilot,
-        "cpu_seconds": 30.0,
+        "cpu_seconds": cpu,
         "wall_seconds": 40.0,
         **rc.summarise_run(folder, study.collapse_stats),
     }
@@ -301,7 +303,7 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     # FrozenLake: both core arms on seed 0, no filter on seed 1; no pilot runs (the recipe's pilot curve)
     _part(rc, work, rc.Cell("off"), 0, 0.5, study=rc.FROZENLAKE)
     _part(rc, work, rc.Cell("off"), 1, 0.6, study=rc.FROZENLAKE)
-    _part(rc, work, rc.Cell("top_p"), 0, 0.65, study=rc.FROZENLAKE)
+    _part(rc, work, rc.Cell("top_p"), 0, 0.65, study=rc.FROZENLAKE, cpu=15.0)
     (work / "runs" / "broken.json").write_text("{")  # a torn part is skipped, not fatal
     assert rc.main(["--work-dir", str(work), "--quick", "--aggregate-only"]) == 0
     assert not published.exists() and not plots.exists()
@@ -319,6 +321,7 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     fl, fl_sum = result["envs"][rc.FL_ENV], result["per_env"][rc.FL_ENV]
     assert fl["off"]["seeds"] == [0, 1] and fl["off"]["success"]["mean"] == pytest.approx(0.55)
     assert fl["top_p"]["delta_vs_no_filter"]["mean"] == pytest.approx(0.15)  # paired: seed 0 only
+    assert fl["top_p"]["cpu_vs_no_filter"] == pytest.approx(0.5) and fl["off"]["cpu_vs_no_filter"] is None
     assert fl_sum["missing"] == {"top_p": [1]} and fl_sum["runs_done"] == 3 and fl_sum["runs_planned"] == 4
     # no FrozenLake pilot runs: the threshold comes from the recipe's pilot curve, and says so
     assert fl_sum["pilot"]["threshold"] == 0.55 and "recipe" in fl_sum["pilot"]["source"]

@@ -52,24 +52,27 @@ def arms_table(data: dict[str, Any], env: str = ENV) -> str:
     thr = _summary(data, env)["pilot"]["threshold"]
     lines = [
         f"| arm | seeds | held-out success, mean [95% bootstrap] | vs no filter (paired) | steps to {_f(thr, '.2f')} "
-        "(median, reached) | step time s (vs no filter) | filter's own cost | groups kept | valid |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(median, reached) | step time s (vs no filter) | CPU-s a run (vs no filter) | filter's own cost | groups kept "
+        "| valid |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, a in _arms(data, env).items():
         s, d, t = a["success"], a["delta_vs_no_filter"], a["steps_to_threshold"]
         if not a["seeds"]:
-            lines.append(f"| `{key}` | 0 of {len(a['planned_seeds'])} | not run | | | | | | |")
+            lines.append(f"| `{key}` | 0 of {len(a['planned_seeds'])} | not run | | | | | | | |")
             continue
         delta = "" if d is None else f"{d['mean']:+.3f}{_ci(d['ci'], '+.3f')}"
         ratio = a["step_time"]["vs_no_filter"]
         time_ = _f(a["step_time"]["mean"], ".2f") + ("" if ratio is None else f" ({ratio:.2f}x)")
+        cpu_ratio = a.get("cpu_vs_no_filter")
+        cpu = _f(a.get("cpu_seconds"), ".0f") + ("" if cpu_ratio is None else f" ({cpu_ratio:.2f}x)")
         steps = f"{_f(t['median'], '.0f')} ({t['reached']}/{len(a['seeds'])})"
         kept = _f(a["kept_frac"], ".2f") if a["arm"] != "off" else "1"
         share = a["step_time"]["filter_cost_share"]
         cost = "–" if share is None or a["arm"] == "off" else f"{100 * share:.3f}%"
         lines.append(
             f"| `{key}` | {len(a['seeds'])} | **{_f(s['mean'])}**{_ci(s['ci'])} | {delta} | {steps} | {time_} | "
-            f"{cost} | {kept} | {_f(a['valid'], '.2f')} |"
+            f"{cpu} | {cost} | {kept} | {_f(a['valid'], '.2f')} |"
         )
     ws = [a["warm_start_success"] for a in _arms(data, env).values() if a["seeds"]]
     if ws:
