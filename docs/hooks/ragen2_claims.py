@@ -5,8 +5,9 @@ A page writes a marker on a line of its own and the build replaces it: ``<!-- ra
 steps to the threshold, step time per arm), ``-collapse`` (answer concentration, MI-ZScore, retrieval accuracy),
 ``-spearman`` (MI and entropy against success, beside the paper's), ``-gradient`` (|g_task| per reward-variance
 bucket), ``-table8`` (Std(RV)/Mean(RV) against the filter's effect for every env, beside RAGEN-2 Table 8) and
-``-status`` (what ran, what is missing and the CPU it needs) render Bandit's part; ``-fl-arms``, ``-fl-crossings``, ``-fl-collapse``,
-``-fl-spearman``, ``-fl-gradient`` and ``-fl-status`` the same for FrozenLake's.
+``-status`` (what ran, what is missing and the CPU it needs) render Bandit's part; ``-fl-arms``,
+``-fl-crossings``, ``-fl-collapse``, ``-fl-spearman``, ``-fl-gradient`` and ``-fl-status`` the same for
+FrozenLake's.
 """
 
 from __future__ import annotations
