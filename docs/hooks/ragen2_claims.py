@@ -65,8 +65,8 @@ def arms_table(data: dict[str, Any], env: str = ENV) -> str:
         delta = "" if d is None else f"{d['mean']:+.3f}{_ci(d['ci'], '+.3f')}"
         ratio = a["step_time"]["vs_no_filter"]
         time_ = _f(a["step_time"]["mean"], ".2f") + ("" if ratio is None else f" ({ratio:.2f}x)")
-        cpu_ratio = a.get("cpu_vs_no_filter")
-        cpu = _f(a.get("cpu_seconds"), ".0f") + ("" if cpu_ratio is None else f" ({cpu_ratio:.2f}x)")
+        cpu_ratio = a["cpu_vs_no_filter"]
+        cpu = _f(a["cpu_seconds"], ".0f") + ("" if cpu_ratio is None else f" ({cpu_ratio:.2f}x)")
         steps = f"{_f(t['median'], '.0f')} ({t['reached']}/{len(a['seeds'])})"
         kept = _f(a["kept_frac"], ".2f") if a["arm"] != "off" else "1"
         share = a["step_time"]["filter_cost_share"]
