@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _offline  # noqa: E402, F401  (offline, single-threaded)
 from learning_study import SETTINGS  # noqa: E402
 
+from llm_gym.agent.baselines import format_rate  # noqa: E402
+
 _FROZENLAKE = SETTINGS["FrozenLake"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -427,22 +429,20 @@ def main(argv: list[str] | None = None) -> int:
         r = runs["grpo"]
         ws, after, rnd = r["warm_start"]["success"], r["after"]["success"], r["baselines"]["random"]
         print(
-            f"{env}: warm start {ws['rate']:.3f} {_ci(ws)} -> after {after['rate']:.3f} {_ci(after)}; "
-            f"random {rnd['rate']:.3f} {_ci(rnd)}; after / random {after['rate'] / max(rnd['rate'], 1e-9):.2f}x; "
+            f"{env}: warm start {format_rate(ws)} -> after {format_rate(after)}; "
+            f"random {format_rate(rnd)}; after / random {after['rate'] / max(rnd['rate'], 1e-9):.2f}x; "
             f"{'learned' if r['learned'] else 'NOT above random and warm start'} (n={after['n']})"
         )
     if bandit:
         print(f"main job: {bandit['wall_seconds']:.0f} s wall, {bandit['cpu_seconds']:.0f} CPU-s")
     for name, r in defaults.items():
         after, valid = r["after"]["success"], r["after"]["valid"]
-        print(
-            f"defaults {name}: after {after['rate']:.3f} {_ci(after)}, valid {valid['rate']:.2f} {_ci(valid)}"
-        )
+        print(f"defaults {name}: after {format_rate(after)}, valid {format_rate(valid, 2)}")
     ref = frozenlake["w1"]["success"]["rate"] if "w1" in frozenlake else float("nan")
     for name, r in frozenlake.items():
         sr, rnd = r["success"], r["baselines"]["random"]
         print(
-            f"FrozenLake SFT {name}: {sr['rate']:.3f} {_ci(sr)}, random {rnd['rate']:.3f} {_ci(rnd)}; "
+            f"FrozenLake SFT {name}: {format_rate(sr)}, random {format_rate(rnd)}; "
             f"vs w1: {sr['rate'] / max(ref, 1e-9):.2f}x"
             + (f", vs control: {sr['rate'] / max(control['success']['rate'], 1e-9):.2f}x" if control else "")
             + f"; SFT {r['sft']['cpu_seconds']:.0f} CPU-s"
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     if control:
         c = control["success"]
         print(
-            f"FrozenLake control (plain PyTorch, {control['states']} states): {c['rate']:.3f} {_ci(c)}; "
+            f"FrozenLake control (plain PyTorch, {control['states']} states): {format_rate(c)}; "
             f"{control['train_cpu_seconds']:.0f} CPU-s"
         )
     if args.publish:
@@ -462,10 +462,6 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(curve, IMG / f"organism_{short}_learning_curve.png")
                 print(f"wrote {IMG / f'organism_{short}_learning_curve.png'}")
     return 0
-
-
-def _ci(s: dict[str, Any]) -> str:
-    return f"[{s['ci'][0]:.3f}, {s['ci'][1]:.3f}]"
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import organism_learning as ol  # noqa: E402
 from learning_study import part  # noqa: E402
 from ragen2_claims import ARMS, COLLAPSE_VALID  # noqa: E402
 
-from llm_gym.agent.baselines import wilson_interval  # noqa: E402
+from llm_gym.agent.baselines import format_rate, wilson_interval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "data" / "smollm2_checks.json"
@@ -238,18 +238,15 @@ def run_part(work: Path, name: str, quick: bool) -> dict[str, Any]:
     return part(work / f"{name}.json", compute)
 
 
-def _ci(r: dict[str, Any]) -> str:
-    return f"{r['rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
-
-
 def summary_lines(result: dict[str, Any]) -> list[str]:
     lines = []
     for name, r in result["runs"].items():
         b, a, rnd = r["before"], r["after"], r["baselines"]["random"]
         lines.append(
-            f"{name} ({r['flags']}): before {_ci(b['success'])} valid {_ci(b['valid'])} -> after "
-            f"{_ci(a['success'])} valid {_ci(a['valid'])}; random {_ci(rnd)}; min training valid "
-            f"{r['min_train_valid']}; {r['cpu_seconds']:.0f} CPU-s, {r['wall_seconds']:.0f} s wall"
+            f"{name} ({r['flags']}): before {format_rate(b['success'])} valid {format_rate(b['valid'])}"
+            f" -> after {format_rate(a['success'])} valid {format_rate(a['valid'])}; random {format_rate(rnd)};"
+            f" min training valid {r['min_train_valid']}; {r['cpu_seconds']:.0f} CPU-s,"
+            f" {r['wall_seconds']:.0f} s wall"
         )
     for name, c in result["comparisons"].items():
         s, v = c["success"], c["valid"]
@@ -306,9 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(result, indent=1) + "\n"
     (args.work_dir / "smollm2_checks.json").write_text(text, encoding="utf-8")
     for p, r in result["pilots"].items():
-        print(f"{p}: before {_ci(r['before']['success'])} valid {_ci(r['before']['valid'])} -> after "
-              f"{_ci(r['after']['success'])} valid {_ci(r['after']['valid'])}"
-              + (f"; base valid {_ci(r['base']['valid'])}" if r.get("base", {}).get("valid") else ""))  # fmt: skip
+        before, after, base = r["before"], r["after"], r.get("base", {})
+        print(
+            f"{p}: before {format_rate(before['success'])} valid {format_rate(before['valid'])}"
+            f" -> after {format_rate(after['success'])} valid {format_rate(after['valid'])}"
+            + (f"; base valid {format_rate(base['valid'])}" if base.get("valid") else "")
+        )
     print("\n".join(summary_lines(result)))
     print(f"total {result['cpu_seconds_total']:.0f} CPU-s, {result['wall_seconds_total']:.0f} s wall")
     if args.publish:

@@ -37,7 +37,7 @@ def _run(name: str, weight: float, steps: int, rate: float) -> dict:
 def test_publishing_one_part_keeps_the_other_sections(bench, monkeypatch, tmp_path, capsys):
     before = json.loads(bench.PUBLISHED.read_text())
     runs = {name: _run(name, w, s, 0.5) for name, (w, s) in bench.FL_RUNS.items()}
-    control = {"states": 3, "success": {"rate": 0.25, "ci": [0.0, 1.0]}, "train_cpu_seconds": 1.0}
+    control = {"states": 3, "success": {"rate": 0.25, "ci": [0.0, 1.0], "n": 512}, "train_cpu_seconds": 1.0}
     monkeypatch.setattr(bench, "part_frozenlake_sft", lambda *a: runs)
     monkeypatch.setattr(bench, "part_frozenlake_control", lambda *a: control)
     assert bench.main(["--work-dir", str(tmp_path / "w"), "--parts", "frozenlake", "--publish"]) == 0

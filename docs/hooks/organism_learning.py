@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llm_gym.agent.baselines import format_rate
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^<!--\s*organism-learning\s*-->[ \t]*$", flags=re.M)
 DEFAULTS_MARKER = re.compile(r"^<!--\s*organism-learning-defaults\s*-->[ \t]*$", flags=re.M)
@@ -37,7 +39,6 @@ def _gen_readme() -> Any:
 def defaults_table(data: dict[str, Any]) -> str:
     """The defaults grid: RL from the same warm start with each entropy bonus / reward scaling setting, one
     column per training seed and their mean."""
-    gen = _gen_readme()
     by_flags: dict[str, dict[int, Any]] = {}
     for r in data.get("defaults", {}).get("runs", {}).values():
         by_flags.setdefault(r["flags"], {})[r["seed"]] = r
@@ -48,7 +49,7 @@ def defaults_table(data: dict[str, Any]) -> str:
         "|---|" + "---|" * (len(seeds) + 1),
     ]
     for flags, runs in by_flags.items():
-        cells = [gen.rate_with_ci(runs[seed]["after"]["success"]) if seed in runs else "" for seed in seeds]
+        cells = [format_rate(runs[seed]["after"]["success"]) if seed in runs else "" for seed in seeds]
         mean = sum(r["after"]["success"]["rate"] for r in runs.values()) / len(runs)
         lines.append(f"| `{flags}` | " + " | ".join(cells) + f" | {mean:.3f} |")
     return "\n".join(lines)
@@ -57,7 +58,6 @@ def defaults_table(data: dict[str, Any]) -> str:
 def frozenlake_table(data: dict[str, Any]) -> str:
     """``llmgym-sft`` on FrozenLake solver episodes at each format-token loss weight and length, the plain-PyTorch
     control on the same episodes, random and optimum."""
-    gen = _gen_readme()
     section = data.get("frozenlake_sft", {})
     fl = section.get("runs", {})
     if not fl:
@@ -75,18 +75,18 @@ def frozenlake_table(data: dict[str, Any]) -> str:
             else (f"`llmgym-sft --format_loss_weight {r['format_loss_weight']:g}`")
         )
         lines.append(
-            f"| {label} | {r['steps']} | {gen.rate_with_ci(r['success'])} | {r['valid']['rate']:.2f} | "
+            f"| {label} | {r['steps']} | {format_rate(r['success'])} | {r['valid']['rate']:.2f} | "
             f"{r['sft']['cpu_seconds']:.0f} |"
         )
     control = section.get("control")
     if control:
         lines.append(
             f"| plain-PyTorch control ({control['states']} moves, characters, loss on the move) | "
-            f"{control['steps']} | {gen.rate_with_ci(control['success'])} | 1 | "
+            f"{control['steps']} | {format_rate(control['success'])} | 1 | "
             f"{control['train_cpu_seconds']:.0f} |"
         )
-    lines.append(f"| random valid moves | | {gen.rate_with_ci(first['baselines']['random'])} | 1 | |")
-    lines.append(f"| optimum (the solver) | | {gen.rate_with_ci(first['baselines']['optimum'])} | 1 | |")
+    lines.append(f"| random valid moves | | {format_rate(first['baselines']['random'])} | 1 | |")
+    lines.append(f"| optimum (the solver) | | {format_rate(first['baselines']['optimum'])} | 1 | |")
     return "\n".join(lines) + (
         f"\n\n{first['episodes']} solver episodes; `llmgym-sft` steps of 32 episodes at lr 1e-3 constant "
         f"(`organism-s`); {first['success']['n']} held-out seeds."
