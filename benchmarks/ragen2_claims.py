@@ -16,8 +16,8 @@ warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001,
 top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, then the other two, then no
 filter and top-p with KL 0.01 and with the entropy bonus, each at 10 seeds.
 
-Seeds: Bandit's pilot (:data:`PILOT_SEEDS`, evaluated on seeds 300,000..) and FrozenLake's recipe pilot
-(:data:`FL_PILOT_CURVE_5`, pilot seeds) set the steps-to-threshold thresholds; training seeds 0.. each play their
+Seeds: each env's pilot runs (no filter and top-p on pilot seeds, :data:`PILOT_SEEDS` and :data:`FL_PILOT_SEEDS`,
+evaluated on seeds 300,000..) set its steps-to-threshold threshold; training seeds 0.. each play their
 own env seeds (:meth:`Study.train_seed`); every study run is evaluated on the same 512 held-out seeds 200,000..
 (disjoint from the pilots', the training and the warm-start data's). Every run logs each round's success, step
 time and SNR spread, and periodically the MI proxies, the gradient split by reward variance
@@ -176,8 +176,8 @@ FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
 }
 #: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
 FL_JOB = ol.profile_job("coordfrozenlake")
-#: RL steps per FrozenLake run: the recipe's pilot gained about 0.06 greedy success in 100 (a 400-step run is 4x
-#: the CPU this study has).
+#: RL steps per FrozenLake run: the multi-turn recipe's tuning run (``docs/training/organism.md``) gained about 0.06
+#: greedy success in 100 (a 400-step run is 4x the CPU this study has).
 FL_STEPS = 100
 #: Instruments per FrozenLake run: MI every 10 rounds (each pass costs about a step), the gradient split every 25,
 #: episode records every 10.
@@ -185,14 +185,12 @@ FL_MI_EVERY, FL_GRAD_EVERY, FL_RECORDS_EVERY = 10, 25, 10
 #: The FrozenLake warm start, shared by every run: ``organism_learning.py``'s SFT run ``w0.1`` (format tokens at
 #: 0.1, 300 steps of 32 at lr 1e-3 constant, seed 0, on its solver episodes), 0.615 held-out.
 FL_WARM_RUN = "w0.1"
-#: The recipe's pilot (pilot seeds: evaluated on 300,000.., 128 seeds; the same settings from a plain-loop twin of
-#: the warm start, top-p 0.9, 100 steps): training success logged as 5-step means. Its threshold, by the rule of
-#: Bandit's pilot (:func:`pilot_threshold`), sets FrozenLake's steps to threshold; the study runs no pilot of its
-#: own there (the CPU).
-FL_PILOT_CURVE_5 = (0.4641, 0.4219, 0.4797, 0.4078, 0.4313, 0.4172, 0.4359, 0.5594, 0.5078, 0.5094, 0.5406, 0.5734,
-                    0.5094, 0.5609, 0.6, 0.625, 0.5672, 0.5922, 0.6375, 0.5344)  # fmt: skip
+#: FrozenLake's pilot: no filter and top-p (:data:`PILOT_CELLS`) from the study's warm start on one pilot seed (its
+#: rounds play env seeds 600,000..), evaluated on 128 seeds 300,000..; they set FrozenLake's steps to threshold.
+FL_PILOT_SEEDS = (100,)
 #: First env seed of FrozenLake training seed ``s``: 100,000 + 5,000 s (room for 312 rounds of 16 groups each,
-#: below the evaluation seeds 200,000.., the pilot's 300,000.. and the warm start's solver data 1,000,000..).
+#: below the evaluation seeds 200,000.., the pilot evaluation's 300,000.. and the warm start's solver data
+#: 1,000,000..; pilot seed 100 trains on 600,000..).
 FL_TRAIN_SEED, FL_TRAIN_STRIDE = 100_000, 5_000
 
 
@@ -523,9 +521,6 @@ class Study:
     mi_every: int
     grad_every: int
     records_every: int
-    #: training-success curves of a pilot run outside the study (per step), used when it runs no pilot of its own
-    pilot_curves: tuple[tuple[float, ...], ...] = ()
-    pilot_source: str = "the study's pilot runs"
 
     def train_seed(self, seed: int) -> int:
         return self.first_train_seed + self.train_stride * seed
@@ -556,15 +551,12 @@ FROZENLAKE = Study(
     first_train_seed=FL_TRAIN_SEED,
     train_stride=FL_TRAIN_STRIDE,
     collapse_stats=move_stats,
-    pilot_cells=(),
-    pilot_seeds=(),
+    pilot_cells=PILOT_CELLS,
+    pilot_seeds=FL_PILOT_SEEDS,
     pilot_eval_n=128,
     mi_every=FL_MI_EVERY,
     grad_every=FL_GRAD_EVERY,
     records_every=FL_RECORDS_EVERY,
-    pilot_curves=(tuple(v for v in FL_PILOT_CURVE_5 for _ in range(5)),),
-    pilot_source="the recipe's pilot (docs/training/organism.md: lr 3e-4, temperature 1.0, 100 steps, top-p 0.9; "
-    "pilot seeds 300,000..), its training success logged as 5-step means",
 )
 STUDIES = {BANDIT.env: BANDIT, FROZENLAKE.env: FROZENLAKE}
 
@@ -692,7 +684,7 @@ def aggregate_env(
     gradient split, Table 8 comparison, runs done and missing, CPU)."""
     pilot = [r for r in pilot if _env_of(r) == study.env]
     runs = [r for r in runs if _env_of(r) == study.env]
-    curves = [r["series"]["env/success"] for r in pilot] or [list(c) for c in study.pilot_curves]
+    curves = [r["series"]["env/success"] for r in pilot]
     threshold = pilot_threshold(curves) if curves else None
     by_cell: dict[str, dict[int, dict[str, Any]]] = {}
     for r in runs:
@@ -866,7 +858,6 @@ def aggregate_env(
                 "seeds": sorted({int(r["seed"]) for r in pilot}),
                 "cells": sorted({r["cell"] for r in pilot}),
                 "eval_seeds": {"first": PILOT_EVAL_SEED, "n": study.pilot_eval_n},
-                "source": study.pilot_source if not pilot else "the study's pilot runs",
                 "threshold": threshold,
                 "rule": f"half the pilot runs' gain in training success, first {SMOOTH} steps to their peak "
                 f"{SMOOTH}-step mean",
@@ -931,8 +922,7 @@ def plot(
         if env_runs:
             env_pilot = [r for r in pilot if _env_of(r) == env]
             summary = result["per_env"][env]
-            curves = [] if env_pilot else STUDIES[env].pilot_curves
-            paths += _plot_env(result["envs"][env], summary, env_pilot, curves, env_runs, out, tag, title)
+            paths += _plot_env(result["envs"][env], summary, env_pilot, env_runs, out, tag, title)
     return paths
 
 
@@ -940,7 +930,6 @@ def _plot_env(
     arms: dict[str, Any],
     summary: dict[str, Any],
     pilot: list[dict[str, Any]],
-    pilot_curves: Sequence[Sequence[float]],
     runs: list[dict[str, Any]],
     out: Path,
     tag: str,
@@ -992,10 +981,16 @@ def _plot_env(
         curves = [trailing_mean([v or 0.0 for v in r["series"]["env/success"]]) for r in rs]
         curve = np.mean([c + [c[-1]] * (n - len(c)) for c in curves], axis=0)
         ax.plot(range(1, n + 1), curve, color=f"C{i}", label=f"{k} ({len(rs)} seeds)")
-    for r in pilot:
-        ax.plot(r["steps"], trailing_mean(r["series"]["env/success"]), color="grey", lw=0.7, alpha=0.6)
-    for c in pilot_curves:  # a pilot outside the study (FrozenLake: the recipe's)
-        ax.plot(range(1, len(c) + 1), trailing_mean(list(c)), color="grey", lw=0.7, alpha=0.6, label="pilot")
+    for i, r in enumerate(pilot):
+        label = "pilot runs" if i == 0 else "_nolegend_"
+        ax.plot(
+            r["steps"],
+            trailing_mean(r["series"]["env/success"]),
+            color="grey",
+            lw=0.7,
+            alpha=0.6,
+            label=label,
+        )
     if summary["pilot"]["threshold"] is not None:
         ax.axhline(summary["pilot"]["threshold"], color="k", ls=":", lw=1, label="threshold (pilot)")
     ax.set_xlabel("step")

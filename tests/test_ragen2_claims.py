@@ -300,7 +300,8 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
         _part(rc, work, rc.Cell(arm), 0, a)
         _part(rc, work, rc.Cell(arm), 1, b)
     _part(rc, work, rc.Cell("off"), 100, 0.8, pilot=True)
-    # FrozenLake: both core arms on seed 0, no filter on seed 1; no pilot runs (the recipe's pilot curve)
+    # FrozenLake: both core arms on seed 0, no filter on seed 1, and its own pilot run
+    _part(rc, work, rc.Cell("top_p"), 100, 0.7, pilot=True, study=rc.FROZENLAKE)
     _part(rc, work, rc.Cell("off"), 0, 0.5, study=rc.FROZENLAKE)
     _part(rc, work, rc.Cell("off"), 1, 0.6, study=rc.FROZENLAKE)
     _part(rc, work, rc.Cell("top_p"), 0, 0.65, study=rc.FROZENLAKE, cpu=15.0)
@@ -323,8 +324,9 @@ def test_aggregate_only_quick_writes_the_work_dir_and_nothing_into_docs(
     assert fl["top_p"]["delta_vs_no_filter"]["mean"] == pytest.approx(0.15)  # paired: seed 0 only
     assert fl["top_p"]["cpu_vs_no_filter"] == pytest.approx(0.5) and fl["off"]["cpu_vs_no_filter"] is None
     assert fl_sum["missing"] == {"top_p": [1]} and fl_sum["runs_done"] == 3 and fl_sum["runs_planned"] == 4
-    # no FrozenLake pilot runs: the threshold comes from the recipe's pilot curve, and says so
-    assert fl_sum["pilot"]["threshold"] == 0.55 and "recipe" in fl_sum["pilot"]["source"]
+    # each env's threshold comes from its own pilot runs, which count toward neither env's runs
+    assert fl_sum["pilot"]["seeds"] == [100] and fl_sum["pilot"]["cells"] == ["top_p"]
+    assert 0.4 < fl_sum["pilot"]["threshold"] < 0.8 and "pilot_fl_top_p_s100" in fl_sum["pilot"]["success"]
     # the policy always moves down: one move, no information about the goal, toward the goal half the time
     c = fl["off"]["collapse"]
     assert c["top_move_share"] == 1.0 and c["move_mi_bits"] == 0.0 and c["toward_goal_share"] == 0.5
@@ -402,12 +404,16 @@ def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_en
     assert {c.key for c in rc.FL_STAGES["fl_kl"][0]} == {"off+kl0.01", "top_p+kl0.01"}
     assert {c.key for c in rc.FL_STAGES["fl_entropy"][0]} == {"off+ent0.001", "top_p+ent0.001"}
     fl = rc.FROZENLAKE
-    train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in range(10)]
+    seeds = [*range(10), *fl.pilot_seeds]
+    train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in seeds]
     assert all(not (a & b) for i, a in enumerate(train) for b in train[i + 1 :])
     everything = set().union(*train)
-    assert (
-        max(everything) < rc.EVAL_SEED
-    )  # below the evaluation seeds, hence the pilot's and the solver data's
+    evals = set(range(rc.EVAL_SEED, rc.EVAL_SEED + rc.EVAL_N))
+    pilot_evals = set(range(rc.PILOT_EVAL_SEED, rc.PILOT_EVAL_SEED + fl.pilot_eval_n))
+    # organism_learning.py's solver episodes (the warm start's data)
+    solver = set(range(1_000_000, 1_000_300))
+    assert not (everything & evals) and not (everything & pilot_evals) and not (everything & solver)
+    assert {c.key for c in fl.pilot_cells} == {"off", "top_p"} and not set(fl.pilot_seeds) & set(range(10))
     assert rc.run_name(rc.Cell("off"), 3, fl) == "fl_off_s3" and rc.run_name(rc.Cell("off"), 3) == "off_s3"
     quick = rc.planned(quick=True, study=fl)
     assert {s for _, _, s in quick} == set(rc.QUICK_SEEDS) and {st for st, _, _ in quick} == {"fl_core"}

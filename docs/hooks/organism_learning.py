@@ -65,7 +65,8 @@ def frozenlake_table(data: dict[str, Any]) -> str:
     runs = list(fl.values())
     first = runs[0]
     lines = [
-        "| trained on the same solver episodes | steps | held-out success (greedy) | valid moves | CPU-s |",
+        "| trained on the same solver episodes | steps | held-out success (greedy) | valid moves | CPU-s (the"
+        " command) |",
         "|---|---|---|---|---|",
     ]
     for r in runs:
@@ -83,7 +84,7 @@ def frozenlake_table(data: dict[str, Any]) -> str:
         lines.append(
             f"| plain-PyTorch control ({control['states']} moves, characters, loss on the move) | "
             f"{control['steps']} | {format_rate(control['success'])} | 1 | "
-            f"{control['train_cpu_seconds']:.0f} |"
+            f"{control['train_cpu_seconds']:.0f} (training only) |"
         )
     lines.append(f"| random valid moves | | {format_rate(first['baselines']['random'])} | 1 | |")
     lines.append(f"| optimum (the solver) | | {format_rate(first['baselines']['optimum'])} | 1 | |")
