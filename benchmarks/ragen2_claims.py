@@ -14,7 +14,7 @@ Arms: no filter; our top-p 0.9; RAGEN's upstream rule (``upstream_top_p`` 0.9, m
 top-k 0.5 (RAGEN-2 Table 9's better top-k). On Bandit crossed (:data:`STAGES`) with KL beta 0.01 / 0.04 to the
 warm start (the run's ``--model``, TRL's reference) and the entropy bonus 0.001, for no filter and top-p (and
 top-k with KL 0.01); on FrozenLake (:data:`FL_STAGES`) no filter and top-p first, then the other two, then no
-filter and top-p with KL 0.01 and with the entropy bonus, each at 10 seeds.
+filter and top-p with KL 0.01, with the entropy bonus and with KL 0.04, each at 10 seeds.
 
 Seeds: each env's pilot runs (no filter and top-p on pilot seeds, :data:`PILOT_SEEDS` and :data:`FL_PILOT_SEEDS`,
 evaluated on seeds 300,000..) set its steps-to-threshold threshold; training seeds 0.. each play their
@@ -165,7 +165,7 @@ def train_seed(seed: int) -> int:
 
 
 #: FrozenLake stages, each at 10 training seeds (the issue's minimum): no filter and our top-p first; top-k and RAGEN's
-#: upstream rule next; then KL 0.01 and the entropy bonus, each crossed with no filter and top-p.
+#: upstream rule next; then KL 0.01, the entropy bonus and KL 0.04, each crossed with no filter and top-p.
 FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "fl_core": ((Cell("off"), Cell("top_p")), tuple(range(10))),
     "fl_more": ((Cell("top_k"), Cell("upstream_top_p")), tuple(range(10))),
@@ -173,6 +173,8 @@ FL_STAGES: dict[str, tuple[tuple[Cell, ...], tuple[int, ...]]] = {
     "fl_kl": ((Cell("off", 0.01), Cell("top_p", 0.01)), tuple(range(10))),
     # the entropy bonus (the grpo preset's 0.001), no filter against top-p
     "fl_entropy": ((Cell("off", 0.0, 0.001), Cell("top_p", 0.0, 0.001)), tuple(range(10))),
+    # the KL crossing's stronger beta, 0.04, completing Bandit's grid of betas for these two arms
+    "fl_kl04": ((Cell("off", 0.04), Cell("top_p", 0.04)), tuple(range(10))),
 }
 #: FrozenLake's organism profile (``trainer/profiles/organism/coordfrozenlake.yaml``), RL only from one warm start.
 FL_JOB = ol.profile_job("coordfrozenlake")

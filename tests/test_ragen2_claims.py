@@ -399,10 +399,11 @@ def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_en
         "top_p",
     ]  # seed-major: a cut leaves equal seeds
     # every FrozenLake stage at the 10 seeds per arm, the crossings last
-    assert [st for st in rc.FL_STAGES] == ["fl_core", "fl_more", "fl_kl", "fl_entropy"]
+    assert [st for st in rc.FL_STAGES] == ["fl_core", "fl_more", "fl_kl", "fl_entropy", "fl_kl04"]
     assert all(seeds == tuple(range(10)) for _, seeds in rc.FL_STAGES.values())
     assert {c.key for c in rc.FL_STAGES["fl_kl"][0]} == {"off+kl0.01", "top_p+kl0.01"}
     assert {c.key for c in rc.FL_STAGES["fl_entropy"][0]} == {"off+ent0.001", "top_p+ent0.001"}
+    assert {c.key for c in rc.FL_STAGES["fl_kl04"][0]} == {"off+kl0.04", "top_p+kl0.04"}
     fl = rc.FROZENLAKE
     seeds = [*range(10), *fl.pilot_seeds]
     train = [set(range(fl.train_seed(s), fl.train_seed(s) + 16 * fl.steps)) for s in seeds]
