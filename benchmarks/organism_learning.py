@@ -335,13 +335,19 @@ def part_frozenlake_sft(work: Path, quick: bool, published: dict[str, Any] | Non
 FL_EVAL_SEED = 200_000
 
 
+#: The solver episodes' env seeds: the first seed and how many are tried (``--quick``: 40).
+FL_SOLVER_SEED, FL_SOLVER_EPISODES = 1_000_000, 300
+
+
 def frozenlake_data(work: Path, quick: bool) -> Path:
     """The solver episodes both our SFT and the control train on: ``llmgym export --policy expert`` on seeds
-    1,000,000.. (300 tried; seeds the solver cannot finish within the turn limit are skipped)."""
+    :data:`FL_SOLVER_SEED`.. (:data:`FL_SOLVER_EPISODES` tried; seeds the solver cannot finish within the turn
+    limit are skipped)."""
     data = work / "frozenlake_solver.jsonl"
     if not data.is_file():
         cmd = [_bin("llmgym"), "export", "--env", FL_ENV, "--env_kwargs", json.dumps(FL_KWARGS), "--policy"]
-        cmd += ["expert", "--seed", "1000000", "--num_episodes", str(40 if quick else 300), "-o", str(data)]
+        n = 40 if quick else FL_SOLVER_EPISODES
+        cmd += ["expert", "--seed", str(FL_SOLVER_SEED), "--num_episodes", str(n), "-o", str(data)]
         _timed(cmd, work / "frozenlake_export.log")
     return data
 

@@ -412,7 +412,7 @@ def test_frozenlake_plan_puts_the_core_arms_first_with_ten_seeds_and_disjoint_en
     evals = set(range(rc.EVAL_SEED, rc.EVAL_SEED + rc.EVAL_N))
     pilot_evals = set(range(rc.PILOT_EVAL_SEED, rc.PILOT_EVAL_SEED + fl.pilot_eval_n))
     # organism_learning.py's solver episodes (the warm start's data)
-    solver = set(range(1_000_000, 1_000_300))
+    solver = set(range(rc.ol.FL_SOLVER_SEED, rc.ol.FL_SOLVER_SEED + rc.ol.FL_SOLVER_EPISODES))
     assert not (everything & evals) and not (everything & pilot_evals) and not (everything & solver)
     assert {c.key for c in fl.pilot_cells} == {"off", "top_p"} and not set(fl.pilot_seeds) & set(range(10))
     assert rc.run_name(rc.Cell("off"), 3, fl) == "fl_off_s3" and rc.run_name(rc.Cell("off"), 3) == "off_s3"

@@ -65,8 +65,8 @@ def frozenlake_table(data: dict[str, Any]) -> str:
     runs = list(fl.values())
     first = runs[0]
     lines = [
-        "| trained on the same solver episodes | steps | held-out success (greedy) | valid moves | CPU-s (the"
-        " command) |",
+        "| trained on the same solver episodes | steps | held-out success (greedy) | valid moves |"
+        " CPU-s (the command) |",
         "|---|---|---|---|---|",
     ]
     for r in runs:
